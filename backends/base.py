@@ -1,0 +1,143 @@
+"""The Backend contract: the only thing the gateway knows about a backend.
+
+No torch here. A backend turns one `GenerationRequest` into an async iterator of
+`GenerationEvent`s; the last event carries the finish reason and usage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+FinishReason = Literal["stop", "length", "abort", "error"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling. `temperature == 0` means greedy; `top_k == 0` means off."""
+
+    max_tokens: int | None = None  # None: up to the context window
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: bool = False  # return the chosen token's logprob with each token
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """A prompt (text or chat messages) plus sampling. Exactly one of prompt/messages is set."""
+
+    request_id: str
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    prompt: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    prompt_token_ids: list[int] | None = None  # pre-tokenized prompt, overrides `prompt`
+    add_generation_prompt: bool = True
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True)
+class TokenInfo:
+    """One generated token: id, its text piece, its logprob (when asked), special or not."""
+
+    id: int
+    text: str
+    logprob: float | None = None
+    special: bool = False
+
+
+@dataclass(frozen=True)
+class GenerationEvent:
+    """A text delta; the last event of a request has `finish_reason` and `usage` set."""
+
+    text: str = ""
+    tokens: tuple[TokenInfo, ...] = ()
+    finish_reason: FinishReason | None = None
+    usage: Usage | None = None
+    # Which stop ended the request: "eos_token" or "stop_sequence" (TGI's details), if any.
+    stop_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class Health:
+    ready: bool
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    max_input_tokens: int
+    max_total_tokens: int
+    dtype: str = "unknown"
+    quantization: str | None = None
+    backend: str = "unknown"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class BackendStats:
+    """Gauges the gateway exports on /metrics (zeros where a backend has no such thing)."""
+
+    queue_size: int = 0
+    running: int = 0
+    kv_blocks_used: int = 0
+    kv_blocks_total: int = 0
+
+
+class RequestError(Exception):
+    """A client mistake found by the backend (e.g. prompt too long): becomes a 4xx.
+
+    Raised by the generate() iterator before its first event, never after.
+    """
+
+    def __init__(
+        self, message: str, *, param: str | None = None, code: str | None = None,
+        status_code: int = 400, error_type: str = "invalid_request_error",
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+        self.status_code = status_code
+        self.error_type = error_type
+
+
+class BackendUnavailable(Exception):
+    """The backend cannot take requests now (loading, dead, overloaded upstream): 503."""
+
+
+@runtime_checkable
+class Backend(Protocol):
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    def generate(self, req: GenerationRequest) -> AsyncIterator[GenerationEvent]: ...
+
+    async def health(self) -> Health: ...
+
+    def info(self) -> ModelInfo: ...
+
+    def stats(self) -> BackendStats: ...
+
+    def count_tokens(self, req: GenerationRequest) -> int:
+        """Prompt tokens of `req` after templating (for validation and limits)."""
+        ...

@@ -1,0 +1,227 @@
+"""NativeBackend: the asyncio face of the engine. One engine thread per model.
+
+The event loop never calls torch and the engine thread never awaits: they meet
+in a thread-safe inbox of plain messages and per-request asyncio queues fed
+through `call_soon_threadsafe`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import queue
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import torch
+
+from backends.base import (
+    BackendStats,
+    BackendUnavailable,
+    GenerationEvent,
+    GenerationRequest,
+    Health,
+    ModelInfo,
+    RequestError,
+    SamplingParams,
+    Usage,
+)
+from backends.native.config import EngineConfig
+from backends.native.engine import LLMEngine, RequestOutput
+from backends.native.tokenizer import ChatTemplateError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Add:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+
+
+@dataclass(frozen=True)
+class _Abort:
+    request_id: str
+
+
+_STOP = object()
+
+
+class NativeBackend:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.engine: LLMEngine | None = None
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._streams: dict[str, asyncio.Queue[GenerationEvent]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._error: str | None = None
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.engine = await asyncio.to_thread(LLMEngine, self.config)
+        self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
+        self._thread.start()
+
+    async def close(self) -> None:
+        if self._thread is not None:
+            self._inbox.put(_STOP)
+            await asyncio.to_thread(self._thread.join, 30)
+            self._thread = None
+
+    async def health(self) -> Health:
+        if self._error:
+            return Health(False, self._error)
+        if self.engine is None or self._thread is None:
+            return Health(False, "loading")
+        return Health(True, "ready")
+
+    def info(self) -> ModelInfo:
+        engine = self._ready_engine()
+        loaded = engine.loaded
+        return ModelInfo(
+            name=self.served_name,
+            max_input_tokens=loaded.max_input_tokens,
+            max_total_tokens=loaded.max_total_tokens,
+            dtype=str(loaded.dtype).removeprefix("torch."),
+            quantization=None,
+            backend="native",
+            extra={
+                "model_id": loaded.model_path,
+                "max_batch_total_tokens": loaded.num_blocks * self.config.block_size,
+                "max_batch_size": self.config.max_batch_size,
+                "max_batch_prefill_tokens": self.config.max_batch_prefill_tokens,
+                "block_size": self.config.block_size,
+                "weight_bytes": loaded.weight_bytes,
+            },
+        )
+
+    @property
+    def served_name(self) -> str:
+        return self.config.served_model_name or os.path.basename(self.config.model.rstrip("/"))
+
+    def stats(self) -> BackendStats:
+        if self.engine is None:
+            return BackendStats()
+        blocks = self.engine.block_manager
+        return BackendStats(
+            queue_size=len(self.engine.scheduler.waiting),
+            running=len(self.engine.scheduler.running),
+            kv_blocks_used=blocks.num_used_blocks,
+            kv_blocks_total=blocks.num_blocks,
+        )
+
+    def count_tokens(self, req: GenerationRequest) -> int:
+        return len(self._tokenize(req))
+
+    async def generate(self, req: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+        prompt_ids = self._tokenize(req)
+        self._validate(prompt_ids, req.sampling)
+        stream: asyncio.Queue[GenerationEvent] = asyncio.Queue()
+        self._streams[req.request_id] = stream
+        self._inbox.put(_Add(req.request_id, prompt_ids, req.sampling))
+        finished = False
+        try:
+            while not finished:
+                event = await stream.get()
+                finished = event.finish_reason is not None
+                yield event
+        finally:
+            self._streams.pop(req.request_id, None)
+            if not finished:
+                self._inbox.put(_Abort(req.request_id))
+
+    def _ready_engine(self) -> LLMEngine:
+        if self.engine is None or self._thread is None:
+            raise BackendUnavailable(self._error or "the model is still loading")
+        return self.engine
+
+    def _tokenize(self, req: GenerationRequest) -> list[int]:
+        tokenizer = self._ready_engine().tokenizer
+        if req.prompt_token_ids is not None:
+            return list(req.prompt_token_ids)
+        if req.messages is not None:
+            try:
+                return tokenizer.encode_chat(req.messages, req.add_generation_prompt)
+            except ChatTemplateError as e:
+                raise RequestError(str(e), param="messages") from None
+        return tokenizer.encode(req.prompt or "")
+
+    def _validate(self, prompt_ids: list[int], sampling: SamplingParams) -> None:
+        loaded = self._ready_engine().loaded
+        n = len(prompt_ids)
+        if n == 0:
+            raise RequestError("the prompt is empty", param="prompt")
+        vocab = loaded.tokenizer.vocab_size
+        if any(not 0 <= t < max(vocab, loaded.hf_config.vocab_size) for t in prompt_ids):
+            raise RequestError("prompt token ids must be within the vocabulary", param="prompt")
+        if n > loaded.max_input_tokens:
+            raise RequestError(
+                f"the prompt has {n} tokens, more than this model's maximum input of "
+                f"{loaded.max_input_tokens} tokens", param="messages", code="context_length_exceeded",
+            )
+        wanted = sampling.max_tokens or 1
+        if n + wanted > loaded.max_total_tokens:
+            raise RequestError(
+                f"this model's maximum context length is {loaded.max_total_tokens} tokens; "
+                f"your prompt has {n} tokens and max_tokens is {wanted}: reduce one of them",
+                param="max_tokens", code="context_length_exceeded",
+            )
+
+    def _run(self) -> None:
+        engine = self.engine
+        assert engine is not None
+        if self.config.num_threads:
+            torch.set_num_threads(self.config.num_threads)
+        while True:
+            if not self._drain_inbox(engine, block=not engine.has_work()):
+                return
+            if engine.has_work():
+                self._publish(engine.step())
+
+    def _drain_inbox(self, engine: LLMEngine, block: bool) -> bool:
+        """Apply queued adds/aborts; False once asked to stop."""
+        while True:
+            try:
+                message = self._inbox.get(block=block)
+            except queue.Empty:
+                return True
+            block = False
+            if message is _STOP:
+                return False
+            if isinstance(message, _Add):
+                self._add(engine, message)
+            elif isinstance(message, _Abort):
+                engine.abort(message.request_id)
+
+    def _add(self, engine: LLMEngine, message: _Add) -> None:
+        try:
+            engine.add_request(message.request_id, message.prompt_token_ids, message.sampling)
+        except Exception as e:  # a bad request must never stop the engine thread
+            log.exception("could not add request %s", message.request_id)
+            self._publish([RequestOutput(message.request_id, "", [], True, "error", str(e))])
+
+    def _publish(self, outputs: list[RequestOutput]) -> None:
+        if outputs and self._loop is not None:
+            events = [(o.request_id, _event(o)) for o in outputs]
+            self._loop.call_soon_threadsafe(self._deliver, events)
+
+    def _deliver(self, events: list[tuple[str, GenerationEvent]]) -> None:
+        for request_id, event in events:
+            stream = self._streams.get(request_id)
+            if stream is not None:
+                stream.put_nowait(event)
+
+
+def _event(output: RequestOutput) -> GenerationEvent:
+    usage = Usage(output.prompt_tokens, output.completion_tokens) if output.finished else None
+    return GenerationEvent(
+        text=output.text,
+        tokens=tuple(output.tokens),
+        finish_reason=output.finish_reason if output.finished else None,  # type: ignore[arg-type]
+        usage=usage,
+        stop_reason=output.stop_reason,
+    )

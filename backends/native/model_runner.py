@@ -1,0 +1,115 @@
+"""ModelRunner: owns the model and the KV cache, turns a ScheduledBatch into logits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from backends.native.attention import AttentionMetadata, KVCache, PrefillChunk
+from backends.native.scheduler import ScheduledBatch
+from backends.native.sequence import Sequence
+
+
+@dataclass
+class StepInputs:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    logits_indices: torch.Tensor
+    sampling_seqs: list[Sequence]  # rows of the logits, in order
+
+
+class ModelRunner:
+    def __init__(
+        self, model: nn.Module, kv_cache: KVCache, device: torch.device,
+        sliding_window: int | None,
+    ) -> None:
+        self.model = model
+        self.kv_cache = kv_cache
+        self.block_size = kv_cache.block_size
+        self.device = device
+        self.sliding_window = sliding_window
+
+    @torch.inference_mode()
+    def run(self, batch: ScheduledBatch) -> tuple[torch.Tensor, list[Sequence]]:
+        """Run one step; returns logits [S, V] for the sequences that sample, and them."""
+        inputs = self.prepare(batch)
+        logits = self.model(
+            inputs.input_ids, inputs.positions, self.kv_cache, inputs.meta, inputs.logits_indices
+        )
+        return logits, inputs.sampling_seqs
+
+    def prepare(self, batch: ScheduledBatch) -> StepInputs:
+        order = sorted(range(len(batch.seqs)), key=lambda i: batch.num_tokens[i] != 1)
+        decode = [i for i in order if batch.num_tokens[i] == 1]
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        logits_rows: list[int] = []
+        sampling: list[Sequence] = []
+        prefills: list[PrefillChunk] = []
+        for i in order:
+            seq, n = batch.seqs[i], batch.num_tokens[i]
+            start, computed = len(ids), seq.num_computed_tokens
+            ids.extend(seq.token_ids[computed : computed + n])
+            positions.extend(range(computed, computed + n))
+            slots.extend(self._slot(seq, p) for p in range(computed, computed + n))
+            if batch.samples(i):
+                logits_rows.append(start + n - 1)
+                sampling.append(seq)
+            if n != 1:
+                prefills.append(self._prefill_chunk(seq, start, n))
+        meta = AttentionMetadata(
+            slot_mapping=self._tensor(slots),
+            num_decode=len(decode),
+            decode_block_tables=None,
+            decode_mask=None,
+            prefills=prefills,
+        )
+        if decode:
+            self._decode_metadata(meta, [batch.seqs[i] for i in decode])
+        return StepInputs(
+            self._tensor(ids), self._tensor(positions), meta, self._tensor(logits_rows), sampling
+        )
+
+    def _slot(self, seq: Sequence, position: int) -> int:
+        return seq.block_table[position // self.block_size] * self.block_size + (
+            position % self.block_size
+        )
+
+    def _tensor(self, values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.long, device=self.device)
+
+    def _decode_metadata(self, meta: AttentionMetadata, seqs: list[Sequence]) -> None:
+        context_lens = [s.num_computed_tokens + 1 for s in seqs]
+        max_blocks = max(-(-n // self.block_size) for n in context_lens)
+        tables = [s.block_table[:max_blocks] + [0] * (max_blocks - len(s.block_table[:max_blocks]))
+                  for s in seqs]
+        meta.decode_block_tables = self._tensor(tables)
+        span = torch.arange(max_blocks * self.block_size, device=self.device)
+        lens = self._tensor(context_lens).unsqueeze(1)
+        allowed = span.unsqueeze(0) < lens
+        if self.sliding_window:
+            allowed &= span.unsqueeze(0) > lens - 1 - self.sliding_window
+        mask = torch.zeros(allowed.shape, dtype=torch.float32, device=self.device)
+        meta.decode_mask = mask.masked_fill_(~allowed, float("-inf"))[:, None, None, :]
+
+    def _prefill_chunk(self, seq: Sequence, start: int, n: int) -> PrefillChunk:
+        computed = seq.num_computed_tokens
+        context = computed + n
+        whole = computed == 0 and not (self.sliding_window and self.sliding_window < n)
+        if whole:
+            return PrefillChunk(start, n, context, None, None)
+        q_pos = torch.arange(computed, context, device=self.device).unsqueeze(1)
+        k_pos = torch.arange(context, device=self.device).unsqueeze(0)
+        allowed = k_pos <= q_pos
+        if self.sliding_window:
+            allowed &= k_pos > q_pos - self.sliding_window
+        mask = torch.zeros(allowed.shape, dtype=torch.float32, device=self.device)
+        mask.masked_fill_(~allowed, float("-inf"))
+        table = self._tensor(seq.block_table[: -(-context // self.block_size)])
+        if computed == 0:  # window case without cache: attend over the new k/v directly
+            table = None
+        return PrefillChunk(start, n, context, table, mask)

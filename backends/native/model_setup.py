@@ -1,0 +1,140 @@
+"""From an EngineConfig to a loaded model, tokenizer, limits and a sized KV cache."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import PretrainedConfig
+
+from backends.native.attention import KVCache
+from backends.native.config import EngineConfig
+from backends.native.default_model import resolve_model_path
+from backends.native.loader import load_checkpoint
+from backends.native.model_support import check_supported
+from backends.native.models import build_model, sliding_window
+from backends.native.models.llama import Rotary
+from backends.native.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_TOTAL_TOKENS = 4096
+
+
+class EngineConfigError(ValueError):
+    """A setting that cannot work with this model or this machine."""
+
+
+@dataclass
+class LoadedModel:
+    model_path: str
+    hf_config: PretrainedConfig
+    model: nn.Module
+    tokenizer: Tokenizer
+    kv_cache: KVCache
+    num_blocks: int
+    device: torch.device
+    dtype: torch.dtype
+    sliding_window: int | None
+    max_input_tokens: int
+    max_total_tokens: int
+    weight_bytes: int
+
+
+def load_model(config: EngineConfig) -> LoadedModel:
+    path = resolve_model_path(config.model)
+    log.info("loading %s", path)
+    checkpoint = load_checkpoint(path)
+    check_supported(checkpoint.config)
+    hf_config = checkpoint.config
+    device = torch.device(config.device)
+    dtype = resolve_dtype(config.dtype, device)
+    max_input, max_total = resolve_limits(config, hf_config)
+    model = _build(hf_config, max_total, device, dtype)
+    log.info("reading weights (%s, %s)", checkpoint.format, dtype)
+    model.load_weights(checkpoint.tensors())
+    tokenizer = Tokenizer.from_checkpoint(checkpoint)
+    num_blocks, kv_cache = _allocate_kv_cache(config, model, max_total, device, dtype)
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    log.info(
+        "ready: %.1f MB of weights, %d KV blocks of %d tokens",
+        weight_bytes / 1e6, num_blocks, config.block_size,
+    )
+    return LoadedModel(
+        path, hf_config, model, tokenizer, kv_cache, num_blocks, device, dtype,
+        sliding_window(hf_config), max_input, max_total, weight_bytes,
+    )
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        # fp16 matmul is unusably slow on CPUs; bf16 is their fast dtype.
+        return torch.bfloat16 if device.type == "cpu" else torch.float16
+    dtypes = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+    if name not in dtypes:
+        raise EngineConfigError(f"--dtype {name!r} is not one of auto, {', '.join(dtypes)}")
+    return dtypes[name]
+
+
+def resolve_limits(config: EngineConfig, hf_config: PretrainedConfig) -> tuple[int, int]:
+    context = int(getattr(hf_config, "max_position_embeddings", DEFAULT_MAX_TOTAL_TOKENS))
+    max_total = config.max_total_tokens or min(context, DEFAULT_MAX_TOTAL_TOKENS)
+    if max_total > context:
+        raise EngineConfigError(
+            f"--max-total-tokens {max_total} exceeds the model's context window ({context})"
+        )
+    max_input = config.max_input_tokens or max_total - 1
+    if max_input >= max_total:
+        raise EngineConfigError(
+            f"--max-input-tokens ({max_input}) must be < --max-total-tokens ({max_total})"
+        )
+    return max_input, max_total
+
+
+def _build(
+    hf_config: PretrainedConfig, max_total: int, device: torch.device, dtype: torch.dtype,
+) -> nn.Module:
+    with torch.device("meta"):
+        model = build_model(hf_config, max_total)
+    model = model.to_empty(device=device).to(dtype)
+    if getattr(model, "tie_word_embeddings", False):
+        model.lm_head.weight = model.model.embed_tokens.weight
+    # RoPE tables stay float32 (cast per step), as transformers computes them.
+    model.model.rotary = Rotary(hf_config, model.head_dim, max_total).to(device)
+    return model.eval()
+
+
+def _allocate_kv_cache(
+    config: EngineConfig, model: nn.Module, max_total: int, device: torch.device,
+    dtype: torch.dtype,
+) -> tuple[int, KVCache]:
+    layers = len(model.model.layers)
+    per_token = KVCache.bytes_per_token(layers, model.num_kv_heads, model.head_dim, dtype)
+    if config.max_batch_total_tokens:
+        capacity = config.max_batch_total_tokens
+    else:
+        capacity = int(_kv_budget_bytes(config.kv_cache_memory, device) // per_token)
+    num_blocks = capacity // config.block_size
+    if num_blocks * config.block_size < max_total:
+        raise EngineConfigError(
+            f"the KV cache holds {num_blocks * config.block_size} tokens but one request may "
+            f"need --max-total-tokens={max_total}; raise --kv-cache-memory or "
+            f"--max-batch-total-tokens, or lower --max-total-tokens"
+        )
+    cache = KVCache(
+        layers, num_blocks, config.block_size, model.num_kv_heads, model.head_dim, dtype, device
+    )
+    return num_blocks, cache
+
+
+def _kv_budget_bytes(setting: float, device: torch.device) -> float:
+    if setting > 1:
+        return setting
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+    else:
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return setting * free

@@ -1,0 +1,52 @@
+"""What the native engine can run: `check_supported` refuses unsupported configs at load."""
+
+from __future__ import annotations
+
+from typing import Any
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+SUPPORTED_ACTIVATIONS = ("silu",)
+
+
+class UnsupportedModelError(ValueError):
+    """The checkpoint declares something the native engine does not implement."""
+
+
+def check_supported(config: Any) -> None:
+    """Raise UnsupportedModelError naming the first unsupported feature of `config`."""
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise UnsupportedModelError(
+            f"model_type {model_type!r} is not supported by the native engine "
+            f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)}); use the transformers backend."
+        )
+    _check_rope_scaling(config)
+    act = getattr(config, "hidden_act", "silu")
+    if act not in SUPPORTED_ACTIVATIONS:
+        raise UnsupportedModelError(
+            f"hidden_act {act!r} is not supported by the native engine (only silu)."
+        )
+    if getattr(config, "mlp_bias", False):
+        raise UnsupportedModelError("mlp_bias=True is not supported by the native engine.")
+    if model_type == "qwen2" and getattr(config, "use_sliding_window", False):
+        raise UnsupportedModelError(
+            "Qwen2 with use_sliding_window=True is not supported by the native engine."
+        )
+
+
+def rope_type(config: Any) -> str:
+    """The RoPE scaling type of `config` ("default" when there is none)."""
+    scaling = getattr(config, "rope_scaling", None)
+    if not scaling:
+        return "default"
+    return str(scaling.get("rope_type") or scaling.get("type") or "default")
+
+
+def _check_rope_scaling(config: Any) -> None:
+    kind = rope_type(config)
+    if kind not in SUPPORTED_ROPE_TYPES:
+        raise UnsupportedModelError(
+            f"rope_scaling type {kind!r} is not supported by the native engine "
+            f"(supported: {', '.join(SUPPORTED_ROPE_TYPES)})."
+        )

@@ -1,0 +1,232 @@
+"""Llama family (Llama, Mistral, Qwen2, SmolLM2) over the paged KV cache.
+
+Module names follow Hugging Face; q/k/v and gate/up are fused at load time
+(`MERGES`), RoPE is rotate-half.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+from transformers import PretrainedConfig
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+from backends.native.attention import AttentionMetadata, KVCache, paged_attention
+
+# checkpoint name fragment -> (fused parameter fragment, shard index)
+MERGES: dict[str, tuple[str, int]] = {
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class FusedLinear(nn.Module):
+    """One matmul for several projections; `shards` are their output sizes in order."""
+
+    def __init__(self, in_features: int, shards: list[int], bias: bool) -> None:
+        super().__init__()
+        self.shards = shards
+        self.weight = nn.Parameter(torch.empty(sum(shards), in_features))
+        self.bias = nn.Parameter(torch.zeros(sum(shards))) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(x, self.weight, self.bias)
+
+    def load_shard(self, name: str, index: int, tensor: torch.Tensor) -> None:
+        start = sum(self.shards[:index])
+        target = self.weight if name == "weight" else self.bias
+        if target is None:
+            raise ValueError("checkpoint has a bias the config does not declare")
+        expected = (self.shards[index],) + tuple(target.shape[1:])
+        if tuple(tensor.shape) != expected:
+            raise ValueError(f"shape {tuple(tensor.shape)} != expected {expected}")
+        with torch.no_grad():
+            target[start : start + self.shards[index]].copy_(tensor)
+
+
+class Rotary(nn.Module):
+    """cos/sin tables for every position, computed once (float32, then cast)."""
+
+    def __init__(self, config: PretrainedConfig, head_dim: int, max_positions: int) -> None:
+        super().__init__()
+        with torch.device("cpu"):  # also when the model is built on the meta device
+            inv_freq, scaling = ROPE_INIT_FUNCTIONS[_rope_type(config)](config, "cpu")
+            positions = torch.arange(max_positions, dtype=torch.float32)
+            freqs = torch.outer(positions, inv_freq.float())
+            emb = torch.cat((freqs, freqs), dim=-1)
+        self.register_buffer("cos", emb.cos() * scaling, persistent=False)
+        self.register_buffer("sin", emb.sin() * scaling, persistent=False)
+        assert self.cos.shape[-1] == head_dim
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+        return self.cos[positions].to(dtype).unsqueeze(1), self.sin[positions].to(dtype).unsqueeze(1)
+
+
+def _rope_type(config: PretrainedConfig) -> str:
+    scaling = getattr(config, "rope_scaling", None) or {}
+    return scaling.get("rope_type", scaling.get("type", "default"))
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return x * cos + _rotate_half(x) * sin
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config: PretrainedConfig, head_dim: int) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = head_dim
+        self.scale = head_dim**-0.5
+        qkv_bias = config.model_type == "qwen2" or bool(getattr(config, "attention_bias", False))
+        kv_size = self.num_kv_heads * head_dim
+        self.qkv_proj = FusedLinear(
+            config.hidden_size, [self.num_heads * head_dim, kv_size, kv_size], qkv_bias
+        )
+        o_bias = bool(getattr(config, "attention_bias", False)) and config.model_type != "qwen2"
+        self.o_proj = nn.Linear(self.num_heads * head_dim, config.hidden_size, bias=o_bias)
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+        k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        t = x.shape[0]
+        q, k, v = self.qkv_proj(x).split(self.qkv_proj.shards, dim=-1)
+        q = apply_rotary(q.view(t, self.num_heads, self.head_dim), cos, sin)
+        k = apply_rotary(k.view(t, self.num_kv_heads, self.head_dim), cos, sin)
+        v = v.view(t, self.num_kv_heads, self.head_dim)
+        out = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale)
+        return self.o_proj(out.reshape(t, -1))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, config: PretrainedConfig) -> None:
+        super().__init__()
+        size = config.intermediate_size
+        self.gate_up_proj = FusedLinear(config.hidden_size, [size, size], bias=False)
+        self.down_proj = nn.Linear(size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(nn.functional.silu(gate) * up)
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: PretrainedConfig, head_dim: int) -> None:
+        super().__init__()
+        self.self_attn = LlamaAttention(config, head_dim)
+        self.mlp = LlamaMLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+        k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_cache, v_cache, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: PretrainedConfig, head_dim: int, max_positions: int) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, head_dim) for _ in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary = Rotary(config, head_dim, max_positions)
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, config: PretrainedConfig, max_positions: int) -> None:
+        super().__init__()
+        self.config = config
+        self.head_dim = getattr(config, "head_dim", None) or (
+            config.hidden_size // config.num_attention_heads
+        )
+        self.model = LlamaModel(config, self.head_dim, max_positions)
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if self.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.model.layers[0].self_attn.num_kv_heads
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache,
+        meta: AttentionMetadata, logits_indices: torch.Tensor,
+    ) -> torch.Tensor:
+        """Returns float32 logits for the rows in `logits_indices` only."""
+        x = self.model.embed_tokens(input_ids)
+        cos, sin = self.model.rotary(positions, x.dtype)
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, cos, sin, kv_cache.k[i], kv_cache.v[i], meta)
+        x = self.model.norm(x.index_select(0, logits_indices))
+        return self.lm_head(x).float()
+
+    def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        params = dict(self.named_parameters(remove_duplicate=False))
+        loaded: set[str] = set()
+        for name, tensor in tensors:
+            if "rotary_emb.inv_freq" in name:
+                continue
+            if name == "lm_head.weight" and self.tie_word_embeddings:
+                continue
+            loaded.add(self._load_one(params, name, tensor))
+        missing = [n for n in params if not self._is_loaded(n, loaded)]
+        if self.tie_word_embeddings and "lm_head.weight" in missing:
+            missing.remove("lm_head.weight")
+        if missing:
+            raise ValueError(f"checkpoint lacks tensors: {sorted(missing)[:5]}")
+
+    def _is_loaded(self, name: str, loaded: set[str]) -> bool:
+        module = self.get_submodule(name.rsplit(".", 1)[0])
+        if isinstance(module, FusedLinear):
+            return all(f"{name}#{i}" in loaded for i in range(len(module.shards)))
+        return name in loaded
+
+    def _load_one(self, params: dict[str, nn.Parameter], name: str, tensor: torch.Tensor) -> str:
+        for fragment, (fused, index) in MERGES.items():
+            if f".{fragment}." in name:
+                fused_name = name.replace(fragment, fused)
+                module = self.get_submodule(fused_name.rsplit(".", 1)[0])
+                try:
+                    module.load_shard(name.rsplit(".", 1)[1], index, tensor)
+                except ValueError as e:
+                    raise ValueError(f"tensor {name}: {e}") from None
+                return f"{fused_name}#{index}"
+        if name not in params:
+            raise ValueError(f"checkpoint tensor {name} has no place in the model")
+        if params[name].shape != tensor.shape:
+            raise ValueError(
+                f"tensor {name}: shape {tuple(tensor.shape)} != expected {tuple(params[name].shape)}"
+            )
+        with torch.no_grad():
+            params[name].copy_(tensor)
+        return name

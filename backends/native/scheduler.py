@@ -1,0 +1,128 @@
+"""Continuous batching: which sequences run each step, and how many tokens each.
+
+One `schedule()` / `postprocess()` pair covers prefill, chunked prefill and
+decode: the scheduler gives each sequence a number of new tokens per step.
+Running sequences go first (one token each when decoding, the rest of their
+prompt within the prefill budget otherwise); waiting ones join while the batch
+size, the prefill budget and free KV blocks allow. When blocks run out, the
+youngest running sequence is preempted: its blocks are freed and it goes back to
+the front of the queue, to be recomputed later.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from backends.native.block_manager import BlockManager
+from backends.native.sequence import Sequence, SequenceStatus
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_batch_size: int
+    max_batch_prefill_tokens: int
+
+
+@dataclass
+class ScheduledBatch:
+    seqs: list[Sequence]
+    num_tokens: list[int]  # new tokens computed this step, per sequence
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(self.num_tokens)
+
+    def samples(self, i: int) -> bool:
+        """Whether sequence i reaches its last token this step, and so samples a new one."""
+        seq = self.seqs[i]
+        return seq.num_computed_tokens + self.num_tokens[i] == seq.num_tokens
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
+        self.config = config
+        self.blocks = block_manager
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch([], [])
+        budget = self.config.max_batch_prefill_tokens
+        budget = self._schedule_running(batch, budget)
+        self._schedule_waiting(batch, budget)
+        return batch
+
+    def _schedule_running(self, batch: ScheduledBatch, budget: int) -> int:
+        queue = list(self.running)
+        while queue:
+            seq = queue.pop(0)
+            n = seq.num_uncomputed_tokens
+            if n > 1:  # still prefilling: a chunk within the budget
+                n = min(n, budget)
+                if n == 0:
+                    continue
+            if not self._reserve(seq, n, queue):
+                continue  # seq itself was preempted
+            batch.seqs.append(seq)
+            batch.num_tokens.append(n)
+            if seq.num_uncomputed_tokens > 1:
+                budget -= n
+        return budget
+
+    def _reserve(self, seq: Sequence, n: int, queue: list[Sequence]) -> bool:
+        """Find blocks for n more tokens of seq, preempting the youngest others if needed."""
+        needed = self.blocks.blocks_needed(seq, seq.num_computed_tokens + n)
+        while not self.blocks.can_allocate(needed):
+            victim = queue.pop() if queue else seq
+            self._preempt(victim)
+            if victim is seq:
+                return False
+        self.blocks.allocate(seq, seq.num_computed_tokens + n)
+        return True
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.blocks.free(seq)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def _schedule_waiting(self, batch: ScheduledBatch, budget: int) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_batch_size:
+            seq = self.waiting[0]
+            n = min(seq.num_uncomputed_tokens, budget)
+            needed = self.blocks.blocks_needed(seq, seq.num_computed_tokens + n)
+            if not self.blocks.can_allocate(needed):
+                break
+            self.waiting.popleft()
+            self.blocks.allocate(seq, seq.num_computed_tokens + n)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            batch.seqs.append(seq)
+            batch.num_tokens.append(n)
+            budget -= n
+
+    def postprocess(self, batch: ScheduledBatch) -> None:
+        """Advance computed-token counts once the step has run."""
+        for seq, n in zip(batch.seqs, batch.num_tokens, strict=True):
+            seq.num_computed_tokens += n
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """Mark seq finished (also for aborts) and give its blocks back."""
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        self.blocks.free(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason

@@ -1,0 +1,77 @@
+"""Sequence: the one state object of a request inside the engine."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from backends.base import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class Sequence:
+    """Tokens, progress and KV blocks of one request.
+
+    `num_computed_tokens` counts tokens whose K/V sit in the cache; the scheduler
+    advances it, the runner reads it, the block manager edits only `block_table`.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    max_tokens: int
+    eos_token_ids: frozenset[int] = frozenset()
+    arrival_time: float = 0.0
+    token_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[float | None] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    block_table: list[int] = field(default_factory=list)
+    status: SequenceStatus = SequenceStatus.WAITING
+    finish_reason: str | None = None
+    stop_reason: str | None = None
+    # Per-request helpers owned by the engine (detokenizer, stop checker, generator).
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.token_ids:
+            self.token_ids = list(self.prompt_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - len(self.prompt_token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[len(self.prompt_token_ids):]
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    @property
+    def max_total_tokens(self) -> int:
+        """Tokens this sequence can ever hold: prompt plus its generation limit."""
+        return self.num_prompt_tokens + self.max_tokens
+
+    def append_token(self, token_id: int, logprob: float | None) -> None:
+        self.token_ids.append(token_id)
+        self.output_logprobs.append(logprob)

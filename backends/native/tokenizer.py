@@ -1,0 +1,108 @@
+"""The engine's tokenizer: encoding, chat templates, decoding; plus streaming helpers.
+
+Wraps a transformers fast tokenizer. For GGUF files the tokenizer comes from transformers' GGUF
+conversion, corrected where it disagrees with the file's own metadata (special token ids,
+add_bos/add_eos, no space clean-up), so we tokenize the way llama.cpp does.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import jinja2
+import transformers
+
+from backends.native.detokenizer import IncrementalDetokenizer
+from backends.native.loader import Checkpoint
+from backends.native.stop_checker import StopChecker
+
+__all__ = ["ChatTemplateError", "IncrementalDetokenizer", "StopChecker", "Tokenizer"]
+
+
+class ChatTemplateError(ValueError):
+    """The chat template is missing or rejected the messages (a client error: 400)."""
+
+
+class Tokenizer:
+    def __init__(
+        self, hf: transformers.PreTrainedTokenizerBase, extra_eos_token_ids: Sequence[int] = ()
+    ) -> None:
+        self.hf = hf
+        self.vocab_size: int = len(hf)
+        self.bos_token_id: int | None = hf.bos_token_id
+        self.chat_template: str | None = hf.chat_template
+        eos = [hf.eos_token_id] if hf.eos_token_id is not None else []
+        self.eos_token_ids: frozenset[int] = frozenset([*eos, *extra_eos_token_ids])
+        special = {i for i, tok in hf.added_tokens_decoder.items() if tok.special}
+        self._special_ids: frozenset[int] = frozenset(special | set(hf.all_special_ids))
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint: Checkpoint) -> Tokenizer:
+        if checkpoint.format == "gguf":
+            hf = _load_gguf_tokenizer(checkpoint)
+        else:
+            hf = transformers.AutoTokenizer.from_pretrained(
+                checkpoint.path, use_fast=True, local_files_only=True
+            )
+        return cls(hf, checkpoint.generation_eos_token_ids)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text`, with BOS/EOS where the tokenizer adds them."""
+        return list(self.hf(text).input_ids)
+
+    def encode_chat(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+    ) -> list[int]:
+        """Exactly transformers' apply_chat_template(..., tokenize=True)."""
+        if not self.chat_template:
+            raise ChatTemplateError(
+                "This model has no chat template; use the completions endpoint with a prompt."
+            )
+        try:
+            ids = self.hf.apply_chat_template(
+                messages, add_generation_prompt=add_generation_prompt, tokenize=True
+            )
+        except jinja2.TemplateError as exc:
+            raise ChatTemplateError(f"The chat template rejected the messages: {exc}") from exc
+        except (TypeError, KeyError, IndexError, ValueError) as exc:
+            raise ChatTemplateError(f"Cannot apply the chat template: {exc}") from exc
+        return list(ids)
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.hf.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def decode_window(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        """Decode without transformers' space clean-up, which is not local to a window."""
+        return self.hf.decode(
+            ids, skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False
+        )
+
+    def is_special(self, token_id: int) -> bool:
+        return token_id in self._special_ids
+
+
+def _load_gguf_tokenizer(checkpoint: Checkpoint) -> transformers.PreTrainedTokenizerBase:
+    folder, name = os.path.split(os.path.abspath(checkpoint.path))
+    hf = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True)
+    meta = checkpoint.metadata
+    for attr, key in (
+        ("bos_token", "tokenizer.ggml.bos_token_id"),
+        ("eos_token", "tokenizer.ggml.eos_token_id"),
+        ("pad_token", "tokenizer.ggml.padding_token_id"),
+        ("unk_token", "tokenizer.ggml.unknown_token_id"),
+    ):
+        if key in meta:
+            setattr(hf, attr, hf.convert_ids_to_tokens(int(meta[key])))
+    for attr, key in (
+        ("add_bos_token", "tokenizer.ggml.add_bos_token"),
+        ("add_eos_token", "tokenizer.ggml.add_eos_token"),
+    ):
+        if key in meta and hasattr(hf, attr):
+            setattr(hf, attr, bool(meta[key]))
+    hf.clean_up_tokenization_spaces = False
+    template = meta.get("tokenizer.chat_template")
+    if template and hf.chat_template != template:
+        hf.chat_template = template
+    return hf

@@ -1,0 +1,59 @@
+"""Builds a Backend from a declarative spec, importing heavy backends lazily.
+
+This is the only module outside `backends/` that leads to torch, and only when
+`create_backend()` is called for a backend that needs it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from backends.base import Backend
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """One served model: its name, aliases, which backend runs it and that backend's options."""
+
+    name: str
+    model_id: str
+    backend: str = "native"
+    aliases: tuple[str, ...] = ()
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _native(spec: BackendSpec) -> Backend:
+    from backends.native.backend import NativeBackend
+    from backends.native.config import EngineConfig
+
+    known = {f.name for f in dataclasses.fields(EngineConfig)} - {"model", "served_model_name"}
+    unknown = sorted(set(spec.options) - known)
+    if unknown:
+        raise ValueError(
+            f"model {spec.name!r}: unknown native backend option(s) {unknown}; "
+            f"known: {sorted(known)}"
+        )
+    config = EngineConfig(model=spec.model_id, served_model_name=spec.name, **spec.options)
+    return NativeBackend(config)
+
+
+_FACTORIES: dict[str, Callable[[BackendSpec], Backend]] = {"native": _native}
+
+
+def available_backends() -> list[str]:
+    return sorted(_FACTORIES)
+
+
+def create_backend(spec: BackendSpec) -> Backend:
+    """A new, not yet started backend for `spec`."""
+    factory = _FACTORIES.get(spec.backend)
+    if factory is None:
+        raise ValueError(
+            f"model {spec.name!r}: backend {spec.backend!r} is not available; "
+            f"choose one of {available_backends()}"
+        )
+    return factory(spec)
+

@@ -1,0 +1,106 @@
+"""The FastAPI app factory."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from auth.access import AccessPolicy, OpenAccess
+from backends.base import Backend
+from backends.registry import create_backend
+from gateway.errors import install_error_handlers
+from gateway.generation import ClientDisconnected
+from gateway.metrics import GatewayMetrics
+from gateway.middleware import CLIENT_CLOSED, MetricsMiddleware, set_status_label
+from gateway.routes_admin import router as admin_router
+from gateway.routes_openai import router as openai_router
+from gateway.settings import Settings
+from gateway.state import GatewayState
+from routing.registry import ModelRegistry
+
+log = logging.getLogger("switchyard.gateway")
+
+
+def build_registry(settings: Settings, backends: Mapping[str, Backend] | None) -> ModelRegistry:
+    """Given backends by served name, or else the ones the settings declare."""
+    registry = ModelRegistry()
+    specs = settings.model_specs()
+    if backends is None:
+        for spec in specs:
+            registry.add(spec.name, create_backend(spec), spec.aliases)
+        return registry
+    aliases = {spec.name: spec.aliases for spec in specs}
+    for name, backend in backends.items():
+        registry.add(name, backend, aliases.get(name, ()))
+    return registry
+
+
+async def start_backends(registry: ModelRegistry) -> list[Backend]:
+    started: list[Backend] = []
+    names = {id(d.backend): m.name for m in registry.models() for d in m.deployments}
+    try:
+        for backend in registry.backends():
+            began = time.perf_counter()
+            log.info("starting model %s ...", names[id(backend)])
+            await backend.start()
+            started.append(backend)
+            log.info("model %s ready in %.1fs", names[id(backend)], time.perf_counter() - began)
+    except BaseException:
+        await close_backends(started)
+        raise
+    return started
+
+
+async def close_backends(backends: list[Backend]) -> None:
+    for backend in reversed(backends):
+        try:
+            await backend.close()
+        except Exception:
+            log.exception("closing a backend failed")
+
+
+async def _client_disconnected(request: Request, exc: Exception) -> Response:
+    set_status_label(request.scope, CLIENT_CLOSED)
+    return Response(status_code=CLIENT_CLOSED)
+
+
+def create_app(
+    settings: Settings, backends: Mapping[str, Backend] | None = None,
+    access: AccessPolicy | None = None,
+) -> FastAPI:
+    """The gateway app. `backends` by served model name; None builds them from `settings`.
+
+    Backends are started (models loaded) in the lifespan, before the server
+    accepts connections, and closed on shutdown.
+    """
+    registry = build_registry(settings, backends)
+    state = GatewayState(
+        settings=settings, models=registry,
+        metrics=GatewayMetrics(
+            lambda: [(m.name, registry.pick(m).backend) for m in registry.models()]
+        ),
+        access=access or OpenAccess(),
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state.access.announce()
+        started = await start_backends(registry)
+        try:
+            yield
+        finally:
+            await close_backends(started)
+
+    app = FastAPI(title="Switchyard", version="0.1.0", lifespan=lifespan)
+    app.state.gateway = state
+    install_error_handlers(app)
+    app.add_exception_handler(ClientDisconnected, _client_disconnected)
+    app.add_middleware(MetricsMiddleware, metrics=state.metrics)
+    app.include_router(openai_router)
+    app.include_router(admin_router)
+    return app

@@ -1,0 +1,118 @@
+"""POST /v1/chat/completions and /v1/completions.
+
+Model selection: the `x-model` header, when present and non-empty, wins over the
+body's `model` (the header is what Envoy routes on, so both hops agree); else the
+body's `model`; else, when exactly one model is served, that one.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, TypeVar
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ValidationError
+
+from auth.access import bearer_token
+from backends.base import GenerationRequest
+from gateway.errors import bad_request, from_validation_errors
+from gateway.generation import collect, open_generation, stream, unless_disconnected
+from gateway.middleware import set_model_label
+from gateway.requests import ChatCompletionRequest, CompletionRequest
+from gateway.responses import (
+    ChatFormatter,
+    CompletionFormatter,
+    Formatter,
+    chat_meta,
+    completion_meta,
+)
+from gateway.sampling import chat_request, completion_request, new_request_id
+from gateway.sse import SSEResponse
+from gateway.state import GatewayState, gateway_state
+from routing.registry import ModelEntry
+
+router = APIRouter()
+Body = TypeVar("Body", bound=BaseModel)
+
+
+async def read_json(request: Request) -> Any:
+    raw = await request.body()
+    if not raw.strip():
+        raise bad_request("The request body is empty; send a JSON object.")
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        message = f"The request body is not valid JSON: {exc}"
+        raise bad_request(message, code="invalid_json") from None
+
+
+def parse_body(data: Any, schema: type[Body]) -> Body:
+    if not isinstance(data, dict):
+        raise bad_request("The request body must be a JSON object.", code="invalid_type")
+    try:
+        return schema.model_validate(data)
+    except ValidationError as exc:
+        raise from_validation_errors(exc.errors()) from None
+
+
+def resolve_model(state: GatewayState, request: Request, body_model: str | None) -> ModelEntry:
+    header = (request.headers.get("x-model") or "").strip()
+    name = header or body_model
+    if not name:
+        sole = state.models.sole_model()
+        if sole is None:
+            raise bad_request("You must provide a model parameter.", "model",
+                              "missing_required_parameter")
+        return sole
+    return state.models.resolve(name)
+
+
+async def _prepare(request: Request, schema: type[Body]) -> tuple[GatewayState, Body, ModelEntry]:
+    state = gateway_state(request)
+    principal = await state.access.authenticate(bearer_token(request.headers.get("authorization")))
+    body = parse_body(await read_json(request), schema)
+    entry = resolve_model(state, request, getattr(body, "model", None))
+    set_model_label(request.scope, entry.name)
+    await state.access.authorize(principal, entry.name)
+    return state, body, entry
+
+
+async def _respond(
+    request: Request, state: GatewayState, entry: ModelEntry, gen_request: GenerationRequest,
+    formatter: Formatter, *, streamed: bool,
+) -> Response:
+    backend = state.models.pick(entry).backend
+    trace = state.metrics.trace(entry.name)
+    logprobs = gen_request.sampling.logprobs
+    if streamed:
+        # The first event is pulled before the response starts: early errors stay 4xx.
+        opening = open_generation(backend, gen_request, trace)
+        gen = await unless_disconnected(request.receive, opening)
+        return SSEResponse(stream(gen, formatter, logprobs=logprobs))
+
+    async def whole() -> dict[str, Any]:
+        return await collect(await open_generation(backend, gen_request, trace), formatter)
+
+    return JSONResponse(await unless_disconnected(request.receive, whole()))
+
+
+@router.post("/v1/chat/completions", response_model=None)
+async def chat_completions(request: Request) -> Response:
+    state, body, entry = await _prepare(request, ChatCompletionRequest)
+    formatter = ChatFormatter(
+        chat_meta(entry.name), logprobs=bool(body.logprobs), include_usage=body.include_usage(),
+    )
+    gen_request = chat_request(body, new_request_id())
+    return await _respond(request, state, entry, gen_request, formatter, streamed=bool(body.stream))
+
+
+@router.post("/v1/completions", response_model=None)
+async def completions(request: Request) -> Response:
+    state, body, entry = await _prepare(request, CompletionRequest)
+    formatter = CompletionFormatter(
+        completion_meta(entry.name), logprobs=body.logprobs is not None,
+        include_usage=body.include_usage(),
+    )
+    gen_request = completion_request(body, new_request_id())
+    return await _respond(request, state, entry, gen_request, formatter, streamed=bool(body.stream))

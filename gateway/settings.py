@@ -1,0 +1,135 @@
+"""Settings: the one reader of flags (via the CLI) and `SWITCHYARD_*` environment variables.
+
+Names follow TGI's launcher. Nothing here runs at import time; the YAML config
+file is read when `model_specs()` is called.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from backends.registry import BackendSpec
+
+_ENGINE_FIELDS = (
+    "dtype", "device", "max_input_tokens", "max_total_tokens", "max_batch_size",
+    "max_batch_prefill_tokens", "max_batch_total_tokens", "kv_cache_memory", "block_size",
+    "num_threads",
+)
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+
+
+def parse_memory(value: Any) -> float | None:
+    """Bytes (> 1) or a fraction of free memory (<= 1); strings may carry K/M/G/T[i][B]."""
+    if value is None or isinstance(value, int | float):
+        return None if value is None else float(value)
+    match = _SIZE.match(str(value))
+    if not match:
+        raise ValueError(f"not a memory size: {value!r} (examples: 0.9, 8GiB, 512M)")
+    number, unit = float(match.group(1)), match.group(2).lower()
+    return number * _UNITS[unit]
+
+
+class ModelDeclaration(BaseModel):
+    """One entry of the config file's `models:` list."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    name: str = Field(min_length=1)
+    model_id: str = Field(min_length=1)
+    backend: str | None = None  # default: Settings.backend
+    aliases: list[str] = Field(default_factory=list)
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class ConfigFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    models: list[ModelDeclaration] = Field(min_length=1)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="SWITCHYARD_", extra="forbid", protected_namespaces=(),
+        populate_by_name=True, case_sensitive=False,
+    )
+
+    model_id: str = "default"
+    served_model_name: str | None = None
+    backend: str = "native"
+    config_file: Path | None = None
+    hostname: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+    log_level: Literal["critical", "error", "warning", "info", "debug", "trace"] = "info"
+
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] | None = None
+    device: str | None = None
+    max_input_tokens: PositiveInt | None = None
+    max_input_length: PositiveInt | None = Field(None, exclude=True)  # TGI's old name
+    max_total_tokens: PositiveInt | None = None
+    max_batch_size: PositiveInt | None = None
+    max_batch_prefill_tokens: PositiveInt | None = None
+    max_batch_total_tokens: PositiveInt | None = None
+    block_size: PositiveInt | None = None
+    num_threads: PositiveInt | None = None
+    kv_cache_memory: float | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _tgi_spellings(self) -> Settings:
+        if self.max_input_tokens is None and self.max_input_length is not None:
+            self.max_input_tokens = self.max_input_length
+        return self
+
+    @field_validator("kv_cache_memory", mode="before")
+    @classmethod
+    def _memory(cls, value: Any) -> float | None:
+        return parse_memory(value)
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower(cls, value: Any) -> Any:
+        return value.lower() if isinstance(value, str) else value
+
+    def served_name(self) -> str:
+        return self.served_model_name or self.model_id
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        """EngineConfig keyword arguments for the flag-level model (only what was set)."""
+        kwargs: dict[str, Any] = {"model": self.model_id, "served_model_name": self.served_name()}
+        kwargs.update(self._engine_options())
+        return kwargs
+
+    def _engine_options(self) -> dict[str, Any]:
+        values = {name: getattr(self, name) for name in _ENGINE_FIELDS}
+        return {name: value for name, value in values.items() if value is not None}
+
+    def model_specs(self) -> list[BackendSpec]:
+        """The models to serve: the config file's list, or the one model the flags name.
+
+        Engine flags apply to every model; a declaration's `options` override them.
+        """
+        if self.config_file is None:
+            return [
+                BackendSpec(
+                    name=self.served_name(), model_id=self.model_id, backend=self.backend,
+                    options=self._engine_options(),
+                )
+            ]
+        return [self._spec(decl) for decl in self.load_config_file().models]
+
+    def load_config_file(self) -> ConfigFile:
+        assert self.config_file is not None
+        raw = yaml.safe_load(self.config_file.read_text(encoding="utf-8"))
+        return ConfigFile.model_validate(raw if raw is not None else {})
+
+    def _spec(self, decl: ModelDeclaration) -> BackendSpec:
+        return BackendSpec(
+            name=decl.name, model_id=decl.model_id, backend=decl.backend or self.backend,
+            aliases=tuple(decl.aliases), options={**self._engine_options(), **decl.options},
+        )

