@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -49,7 +50,14 @@ class OpenAIError(Exception):
         }}
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status_code, headers=self.headers)
+        return _AsciiJSONResponse(self.body(), status_code=self.status_code, headers=self.headers)
+
+
+class _AsciiJSONResponse(JSONResponse):
+    """Errors may quote client input; ASCII escapes keep even broken unicode renderable."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode("ascii")
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> OpenAIError:

@@ -64,6 +64,11 @@ class SamplingFields(BaseModel):
     logit_bias: dict[str, Any] | None = None
     user: str | None = None
 
+    @field_validator("model", "user")
+    @classmethod
+    def _text(cls, value: str | None) -> str | None:
+        return None if value is None else checked_text(value)
+
     @field_validator("n")
     @classmethod
     def _single_choice(cls, value: int | None) -> int | None:
@@ -125,6 +130,11 @@ class ChatMessage(BaseModel):
     name: str | None = None
     tool_calls: list[Any] | None = None
 
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str | None) -> str | None:
+        return None if value is None else checked_text(value)
+
     @field_validator("role")
     @classmethod
     def _role(cls, value: str) -> str:
@@ -154,7 +164,9 @@ class ChatMessage(BaseModel):
         return value
 
     def as_dict(self) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": self.role, "content": self.content}
+        # OpenAI's "developer" is the newer "system"; chat templates only know the latter.
+        role = "system" if self.role == "developer" else self.role
+        message: dict[str, Any] = {"role": role, "content": self.content}
         if self.name is not None:
             message["name"] = self.name
         return message

@@ -21,6 +21,13 @@ from tests.gateway.echo_backend import EchoBackend
 ServeApp = Callable[[FastAPI], str]
 
 
+def _run(server: uvicorn.Server, sock: socket.socket) -> None:
+    try:
+        server.run(sockets=[sock])
+    except SystemExit:  # uvicorn exits when the lifespan startup fails
+        pass
+
+
 @contextmanager
 def running_server(app: FastAPI, timeout_s: float = 10.0) -> Iterator[str]:
     """Serve `app` on 127.0.0.1:<free port>; yields the base URL; shuts down on exit."""
@@ -30,7 +37,7 @@ def running_server(app: FastAPI, timeout_s: float = 10.0) -> Iterator[str]:
     port = sock.getsockname()[1]
     config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread = threading.Thread(target=_run, args=(server, sock), daemon=True)
     thread.start()
     deadline = time.monotonic() + timeout_s
     while not server.started:

@@ -97,6 +97,7 @@ def test_content_parts_and_roles(client: openai.OpenAI, echo_backends: dict) -> 
     out = client.chat.completions.create(model="echo", messages=messages, max_tokens=1)
     assert out.choices[0].message.content == "alpha"
     sent = echo_backends["echo"].requests[-1].messages
+    assert sent[0] == {"role": "system", "content": "rules"}
     assert sent[1] == {"role": "user", "content": "one\ntwo"}
     assert sent[3] == {"role": "user", "content": "three", "name": "bob"}
 

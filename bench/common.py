@@ -1,0 +1,116 @@
+"""Shared bench helpers: thread placement, a random Llama checkpoint, prompts, metrics.
+
+Nothing here imports torch at module level: `configure_threads` must run before torch loads,
+because OpenMP reads its binding variables once, when the library is loaded.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# W1's model: a random Llama of ~134M parameters (~125M class), bf16.
+LLAMA_125M: dict[str, Any] = {
+    "hidden_size": 768,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 12,
+    "intermediate_size": 2048,
+    "vocab_size": 32000,
+    "max_position_embeddings": 2048,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pad_token_id": 0,
+    "tie_word_embeddings": False,
+}
+
+
+def configure_threads(threads: int, bind: bool) -> str:
+    """Set OpenMP's thread count and, with `bind`, pin thread i to core i; call before torch.
+
+    Binding is two things: the process may only use cores 0..threads-1 (sched_setaffinity),
+    and each OpenMP thread gets its own core (OMP_PROC_BIND/OMP_PLACES, read by libgomp when
+    torch loads). Returns a one-line description.
+    """
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if not bind:
+        return f"{threads} threads, unbound"
+    cores = list(range(threads))
+    if threads > (os.cpu_count() or 1):
+        raise SystemExit(f"--bind: {threads} threads but only {os.cpu_count()} cores")
+    os.sched_setaffinity(0, cores)
+    os.environ["OMP_PROC_BIND"] = "close"
+    os.environ["OMP_PLACES"] = ",".join(f"{{{c}}}" for c in cores)
+    return f"{threads} threads, bound to cores {cores[0]}-{cores[-1]}"
+
+
+def set_torch_threads(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def write_random_llama(folder: Path, seed: int = 0, **overrides: Any) -> Path:
+    """Save a random Llama (bf16, safetensors) plus the default model's tokenizer to `folder`."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(**{**LLAMA_125M, **overrides})
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(folder, safe_serialization=True)
+    write_default_tokenizer(folder)
+    return folder
+
+
+def write_default_tokenizer(folder: Path) -> None:
+    """The native engine needs a tokenizer in the folder; use the default model's (from GGUF)."""
+    from transformers import AutoTokenizer
+    from transformers.utils import logging
+
+    from backends.native.default_model import default_model_path
+
+    gguf = default_model_path()
+    logging.set_verbosity_error()  # the GGUF tokenizer's `legacy` notice
+    tokenizer = AutoTokenizer.from_pretrained(
+        os.path.dirname(gguf), gguf_file=os.path.basename(gguf)
+    )
+    tokenizer.save_pretrained(folder)
+
+
+def random_prompts(count: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    """`count` prompts of `length` token ids, drawn uniformly from [100, vocab)."""
+    rng = random.Random(seed)
+    return [[rng.randrange(100, vocab) for _ in range(length)] for _ in range(count)]
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One offline run. Output throughput follows vLLM: all output tokens / wall time."""
+
+    name: str
+    output_tokens: int
+    seconds: float
+    outputs: list[list[int]]
+
+    @property
+    def output_throughput(self) -> float:
+        return self.output_tokens / self.seconds if self.seconds > 0 else float("nan")
+
+    def line(self) -> str:
+        return (
+            f"{self.name:<13} {self.output_tokens:>7} output tokens in {self.seconds:7.2f} s"
+            f"  = {self.output_throughput:8.1f} output tokens/s"
+        )
+
+
+def agreement(a: list[list[int]], b: list[list[int]]) -> str:
+    """How often two greedy runs agree: identical sequences, and identical first tokens."""
+    same = sum(x == y for x, y in zip(a, b, strict=True))
+    first = sum(x[:1] == y[:1] for x, y in zip(a, b, strict=True))
+    return f"{same}/{len(a)} identical sequences, {first}/{len(a)} identical first tokens"
