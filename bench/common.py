@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,30 +30,31 @@ LLAMA_125M: dict[str, Any] = {
 
 
 def configure_threads(threads: int, bind: bool) -> str:
-    """Set OpenMP's thread count and, with `bind`, pin thread i to core i; call before torch.
+    """Load torch with `threads` OpenMP threads; with `bind`, pin thread i to core i.
 
-    Binding is two things: the process may only use cores 0..threads-1 (sched_setaffinity),
-    and each OpenMP thread gets its own core (OMP_PROC_BIND/OMP_PLACES, read by libgomp when
-    torch loads). Returns a one-line description.
+    Must run before anything imports torch: libgomp reads OMP_* once, when it loads. Binding
+    restricts the process to cores 0..threads-1 (sched_setaffinity) and gives each OpenMP
+    thread its own core (OMP_PROC_BIND/OMP_PLACES). Returns a one-line description.
     """
+    if "torch" in sys.modules:
+        raise RuntimeError("configure_threads must run before torch is imported")
     os.environ["OMP_NUM_THREADS"] = str(threads)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    if not bind:
-        return f"{threads} threads, unbound"
     cores = list(range(threads))
-    if threads > (os.cpu_count() or 1):
-        raise SystemExit(f"--bind: {threads} threads but only {os.cpu_count()} cores")
-    os.sched_setaffinity(0, cores)
-    os.environ["OMP_PROC_BIND"] = "close"
-    os.environ["OMP_PLACES"] = ",".join(f"{{{c}}}" for c in cores)
-    return f"{threads} threads, bound to cores {cores[0]}-{cores[-1]}"
-
-
-def set_torch_threads(threads: int) -> None:
+    if bind:
+        if threads > (os.cpu_count() or 1):
+            raise SystemExit(f"--bind: {threads} threads but only {os.cpu_count()} cores")
+        os.sched_setaffinity(0, cores)
+        os.environ["OMP_PROC_BIND"] = "close"
+        os.environ["OMP_PLACES"] = ",".join(f"{{{c}}}" for c in cores)
     import torch
 
     torch.set_num_threads(threads)
+    # torch's libgomp has read them; other bundled copies (sentencepiece's) must not bind too.
+    for name in ("OMP_PROC_BIND", "OMP_PLACES"):
+        os.environ.pop(name, None)
+    return f"{threads} threads, " + (f"bound to cores 0-{threads - 1}" if bind else "unbound")
 
 
 def write_random_llama(folder: Path, seed: int = 0, **overrides: Any) -> Path:

@@ -25,7 +25,6 @@ from bench.common import (  # noqa: E402
     agreement,
     configure_threads,
     random_prompts,
-    set_torch_threads,
     write_random_llama,
 )
 
@@ -106,7 +105,6 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     wall = time.perf_counter()
     placement = configure_threads(args.threads, args.bind)  # before torch loads
-    set_torch_threads(args.threads)
     if args.prompt_len + args.new_tokens > 256:
         raise SystemExit("--prompt-len + --new-tokens must fit max_total_tokens=256")
     prompts = random_prompts(

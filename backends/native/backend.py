@@ -161,7 +161,8 @@ class NativeBackend:
         if n > loaded.max_input_tokens:
             raise RequestError(
                 f"the prompt has {n} tokens, more than this model's maximum input of "
-                f"{loaded.max_input_tokens} tokens", param="messages", code="context_length_exceeded",
+                f"{loaded.max_input_tokens} tokens",
+                param="messages", code="context_length_exceeded",
             )
         wanted = sampling.max_tokens or 1
         if n + wanted > loaded.max_total_tokens:

@@ -76,4 +76,6 @@ class BlockManager:
                     f"block {block}: ref count {self._ref_counts[block]}, owners {counted[block]}"
                 )
             if (block in free) == (counted[block] > 0):
-                raise BlockIntegrityError(f"block {block}: free={block in free}, owners={counted[block]}")
+                raise BlockIntegrityError(
+                    f"block {block}: free={block in free}, owners={counted[block]}"
+                )

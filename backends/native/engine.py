@@ -11,12 +11,12 @@ import torch
 from backends.base import SamplingParams, TokenInfo
 from backends.native.block_manager import BlockManager
 from backends.native.config import EngineConfig
+from backends.native.detokenizer import IncrementalDetokenizer
 from backends.native.model_runner import ModelRunner
 from backends.native.model_setup import LoadedModel, load_model
 from backends.native.sampler import sample
 from backends.native.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from backends.native.sequence import Sequence
-from backends.native.detokenizer import IncrementalDetokenizer
 from backends.native.stop_checker import StopChecker
 
 log = logging.getLogger(__name__)
@@ -52,6 +52,7 @@ class LLMEngine:
         self.generator = torch.Generator().manual_seed(config.seed)
         self._seqs: dict[str, Sequence] = {}
         self.last_step_seconds = 0.0
+        self.num_aborted = 0
 
     @property
     def max_total_tokens(self) -> int:
@@ -83,6 +84,7 @@ class LLMEngine:
         seq = self._seqs.pop(request_id, None)
         if seq is not None and not seq.is_finished:
             self.scheduler.finish(seq, "abort")
+            self.num_aborted += 1
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()

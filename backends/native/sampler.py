@@ -58,7 +58,9 @@ def _penalize(row: torch.Tensor, seq: Sequence) -> torch.Tensor:
     return row
 
 
-def _sample_rows(logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generator) -> torch.Tensor:
+def _sample_rows(
+    logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generator
+) -> torch.Tensor:
     temps = torch.tensor([s.sampling.temperature for s in seqs], dtype=logits.dtype)
     logits = logits / temps.unsqueeze(1)
     logits = _top_k_top_p(logits, seqs)

@@ -77,7 +77,8 @@ class Rotary(nn.Module):
         assert self.cos.shape[-1] == head_dim
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-        return self.cos[positions].to(dtype).unsqueeze(1), self.sin[positions].to(dtype).unsqueeze(1)
+        cos, sin = self.cos[positions], self.sin[positions]
+        return cos.to(dtype).unsqueeze(1), sin.to(dtype).unsqueeze(1)
 
 
 def _rope_type(config: PretrainedConfig) -> str:
@@ -223,10 +224,9 @@ class LlamaForCausalLM(nn.Module):
                 return f"{fused_name}#{index}"
         if name not in params:
             raise ValueError(f"checkpoint tensor {name} has no place in the model")
-        if params[name].shape != tensor.shape:
-            raise ValueError(
-                f"tensor {name}: shape {tuple(tensor.shape)} != expected {tuple(params[name].shape)}"
-            )
+        expected = tuple(params[name].shape)
+        if expected != tuple(tensor.shape):
+            raise ValueError(f"tensor {name}: shape {tuple(tensor.shape)} != expected {expected}")
         with torch.no_grad():
             params[name].copy_(tensor)
         return name
