@@ -21,3 +21,4 @@ class EngineConfig:
     num_threads: int | None = None  # torch intra-op threads; None: torch's default
     bind_threads: bool = False  # pin the engine thread's OpenMP threads to cores 0..n-1
     seed: int = 0
+    compile: bool = True  # torch.compile the decode attention kernel

@@ -47,7 +47,8 @@ class LLMEngine:
             self.block_manager,
         )
         self.runner = ModelRunner(
-            self.loaded.model, self.loaded.kv_cache, self.loaded.device, self.loaded.sliding_window
+            self.loaded.model, self.loaded.kv_cache, self.loaded.device,
+            self.loaded.sliding_window, compiled=config.compile,
         )
         self.generator = torch.Generator().manual_seed(config.seed)
         self._seqs: dict[str, Sequence] = {}

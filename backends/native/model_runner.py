@@ -24,13 +24,14 @@ class StepInputs:
 class ModelRunner:
     def __init__(
         self, model: nn.Module, kv_cache: KVCache, device: torch.device,
-        sliding_window: int | None,
+        sliding_window: int | None, compiled: bool = False,
     ) -> None:
         self.model = model
         self.kv_cache = kv_cache
         self.block_size = kv_cache.block_size
         self.device = device
         self.sliding_window = sliding_window
+        self.compiled = compiled
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> tuple[torch.Tensor, list[Sequence]]:
@@ -61,12 +62,15 @@ class ModelRunner:
                 sampling.append(seq)
             if n != 1:
                 prefills.append(self._prefill_chunk(seq, start, n))
+        slot_tensor = self._tensor(slots)
         meta = AttentionMetadata(
-            slot_mapping=self._tensor(slots),
+            slot_blocks=slot_tensor // self.block_size,
+            slot_offsets=slot_tensor % self.block_size,
             num_decode=len(decode),
             decode_block_tables=None,
             decode_mask=None,
             prefills=prefills,
+            compiled=self.compiled,
         )
         if decode:
             self._decode_metadata(meta, [batch.seqs[i] for i in decode])
@@ -85,6 +89,8 @@ class ModelRunner:
     def _decode_metadata(self, meta: AttentionMetadata, seqs: list[Sequence]) -> None:
         context_lens = [s.num_computed_tokens + 1 for s in seqs]
         max_blocks = max(-(-n // self.block_size) for n in context_lens)
+        if self.compiled:  # at least two blocks: one compiled graph serves every length
+            max_blocks = max(max_blocks, 2)
         tables = [s.block_table[:max_blocks] + [0] * (max_blocks - len(s.block_table[:max_blocks]))
                   for s in seqs]
         meta.decode_block_tables = self._tensor(tables)
@@ -94,7 +100,7 @@ class ModelRunner:
         if self.sliding_window:
             allowed &= span.unsqueeze(0) > lens - 1 - self.sliding_window
         mask = torch.zeros(allowed.shape, dtype=torch.float32, device=self.device)
-        meta.decode_mask = mask.masked_fill_(~allowed, float("-inf"))[:, None, None, :]
+        meta.decode_mask = mask.masked_fill_(~allowed, float("-inf"))
 
     def _prefill_chunk(self, seq: Sequence, start: int, n: int) -> PrefillChunk:
         computed = seq.num_computed_tokens

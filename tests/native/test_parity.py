@@ -90,3 +90,12 @@ def test_preemption_keeps_outputs(arch_case) -> None:
     assert [s.output_token_ids for s in seqs] == expected
     assert engine.scheduler.num_preemptions > 0
     assert_all_blocks_free(engine)
+
+
+def test_eager_decode_path_matches_transformers(arch_case) -> None:
+    """The uncompiled decode attention (`compile=False`) gives the same tokens."""
+    path, prompts, expected = arch_case
+    engine = make_engine(path, compile=False, block_size=4)
+    seqs = engine.generate(prompts, GREEDY)
+    assert [s.output_token_ids for s in seqs] == expected
+    assert_all_blocks_free(engine)
