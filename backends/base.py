@@ -64,6 +64,23 @@ class TokenInfo:
 
 
 @dataclass(frozen=True)
+class RequestTimings:
+    """Where a finished request spent its time inside the backend."""
+
+    queue_seconds: float  # from arrival to its first scheduled step
+    inference_seconds: float  # from its first scheduled step to its end
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    """One engine step (TGI's tgi_batch_forward_duration{method})."""
+
+    method: Literal["prefill", "decode"]  # prefill when the step computed any prompt tokens
+    seconds: float
+    batch_size: int
+
+
+@dataclass(frozen=True)
 class GenerationEvent:
     """A text delta; the last event of a request has `finish_reason` and `usage` set."""
 
@@ -73,6 +90,8 @@ class GenerationEvent:
     usage: Usage | None = None
     # Which stop ended the request: "eos_token" or "stop_sequence" (TGI's details), if any.
     stop_reason: str | None = None
+    timings: RequestTimings | None = None  # on the last event
+    seed: int | None = None  # the seed sampling used (TGI's details.seed), on the last event
 
 
 @dataclass(frozen=True)
@@ -100,6 +119,11 @@ class BackendStats:
     running: int = 0
     kv_blocks_used: int = 0
     kv_blocks_total: int = 0
+    batch_max_tokens: int = 0  # tokens the running batch may grow to (prompt + max new)
+    batch_next_size: int = 0  # sequences that joined the batch in the last step
+    prefix_cache_queries: int = 0  # cumulative prompt blocks looked up
+    prefix_cache_hits: int = 0  # cumulative prompt blocks found cached
+    preemptions: int = 0  # cumulative
 
 
 class RequestError(Exception):
@@ -137,6 +161,10 @@ class Backend(Protocol):
     def info(self) -> ModelInfo: ...
 
     def stats(self) -> BackendStats: ...
+
+    def drain_step_timings(self) -> list[StepTiming]:
+        """Step timings recorded since the last call (for histograms)."""
+        ...
 
     def count_tokens(self, req: GenerationRequest) -> int:
         """Prompt tokens of `req` after templating (for validation and limits)."""

@@ -26,6 +26,7 @@ from backends.base import (
     ModelInfo,
     RequestError,
     SamplingParams,
+    StepTiming,
     Usage,
 )
 from backends.native.config import EngineConfig
@@ -96,6 +97,11 @@ class NativeBackend:
                 "max_batch_prefill_tokens": self.config.max_batch_prefill_tokens,
                 "block_size": self.config.block_size,
                 "weight_bytes": loaded.weight_bytes,
+                "max_concurrent_requests": self.config.max_concurrent_requests,
+                "waiting_served_ratio": self.config.waiting_served_ratio,
+                "max_waiting_tokens": self.config.max_waiting_tokens,
+                "chunked_prefill": self.config.chunked_prefill,
+                "prefix_caching": self.config.prefix_caching,
             },
         )
 
@@ -106,18 +112,40 @@ class NativeBackend:
     def stats(self) -> BackendStats:
         if self.engine is None:
             return BackendStats()
-        blocks = self.engine.block_manager
+        blocks, scheduler = self.engine.block_manager, self.engine.scheduler
+        running = list(scheduler.running)  # a snapshot: the engine thread edits the list
         return BackendStats(
-            queue_size=len(self.engine.scheduler.waiting),
-            running=len(self.engine.scheduler.running),
+            queue_size=len(scheduler.waiting),
+            running=len(running),
             kv_blocks_used=blocks.num_used_blocks,
             kv_blocks_total=blocks.num_blocks,
+            batch_max_tokens=sum(s.max_total_tokens for s in running),
+            batch_next_size=scheduler.last_joined,
+            prefix_cache_queries=blocks.queries,
+            prefix_cache_hits=blocks.hits,
+            preemptions=scheduler.num_preemptions,
         )
+
+    def drain_step_timings(self) -> list[StepTiming]:
+        timings: list[StepTiming] = []
+        source = self.engine.step_timings if self.engine is not None else None
+        while source:
+            try:
+                timings.append(source.popleft())
+            except IndexError:
+                break
+        return timings
 
     def count_tokens(self, req: GenerationRequest) -> int:
         return len(self._tokenize(req))
 
     async def generate(self, req: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+        if len(self._streams) >= self.config.max_concurrent_requests:
+            raise RequestError(
+                f"the model is overloaded: {self.config.max_concurrent_requests} requests "
+                f"are in flight (--max-concurrent-requests); retry shortly",
+                code="overloaded", status_code=429, error_type="overloaded",
+            )
         prompt_ids = self._tokenize(req)
         self._validate(prompt_ids, req.sampling)
         stream: asyncio.Queue[GenerationEvent] = asyncio.Queue()
@@ -225,4 +253,6 @@ def _event(output: RequestOutput) -> GenerationEvent:
         finish_reason=output.finish_reason if output.finished else None,  # type: ignore[arg-type]
         usage=usage,
         stop_reason=output.stop_reason,
+        timings=output.timings,
+        seed=output.seed,
     )

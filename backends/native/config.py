@@ -19,6 +19,10 @@ class EngineConfig:
     kv_cache_memory: float = 2 * 1024**3  # bytes (> 1) or a fraction of free memory (<= 1)
     block_size: int = 16
     num_threads: int | None = None  # torch intra-op threads; None: torch's default
-    bind_threads: bool = False  # pin the engine thread's OpenMP threads to cores 0..n-1
     seed: int = 0
     compile: bool = True  # torch.compile the decode attention kernel
+    max_concurrent_requests: int = 128  # admission: beyond it, 429 at once
+    chunked_prefill: bool = True
+    prefix_caching: bool = True
+    waiting_served_ratio: float = 1.2  # TGI's join rule when chunked prefill is off
+    max_waiting_tokens: int = 20

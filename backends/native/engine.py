@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+import random
 import time
+from collections import deque
 from dataclasses import dataclass
 
 import torch
 
-from backends.base import SamplingParams, TokenInfo
+from backends.base import RequestTimings, SamplingParams, StepTiming, TokenInfo
 from backends.native.block_manager import BlockManager
 from backends.native.config import EngineConfig
 from backends.native.detokenizer import IncrementalDetokenizer
@@ -34,6 +36,8 @@ class RequestOutput:
     stop_reason: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    timings: RequestTimings | None = None
+    seed: int | None = None
 
 
 class LLMEngine:
@@ -41,9 +45,14 @@ class LLMEngine:
         self.config = config
         self.loaded = loaded or load_model(config)
         self.tokenizer = self.loaded.tokenizer
-        self.block_manager = BlockManager(self.loaded.num_blocks, config.block_size)
+        self.block_manager = BlockManager(
+            self.loaded.num_blocks, config.block_size, prefix_caching=config.prefix_caching
+        )
         self.scheduler = Scheduler(
-            SchedulerConfig(config.max_batch_size, config.max_batch_prefill_tokens),
+            SchedulerConfig(
+                config.max_batch_size, config.max_batch_prefill_tokens, config.chunked_prefill,
+                config.waiting_served_ratio, config.max_waiting_tokens,
+            ),
             self.block_manager,
         )
         self.runner = ModelRunner(
@@ -52,7 +61,7 @@ class LLMEngine:
         )
         self.generator = torch.Generator().manual_seed(config.seed)
         self._seqs: dict[str, Sequence] = {}
-        self.last_step_seconds = 0.0
+        self.step_timings: deque[StepTiming] = deque(maxlen=10_000)
         self.num_aborted = 0
 
     @property
@@ -75,8 +84,10 @@ class LLMEngine:
         )
         seq.extras["detokenizer"] = IncrementalDetokenizer(self.tokenizer, seq.prompt_token_ids)
         seq.extras["stops"] = StopChecker(sampling.stop)
-        if sampling.seed is not None:
-            seq.extras["generator"] = torch.Generator().manual_seed(sampling.seed)
+        if sampling.temperature > 0:  # TGI reports the seed a sampled request used
+            seed = sampling.seed if sampling.seed is not None else random.getrandbits(63)
+            seq.extras["seed"] = seed
+            seq.extras["generator"] = torch.Generator().manual_seed(seed)
         self._seqs[request_id] = seq
         self.scheduler.add(seq)
         return seq
@@ -102,7 +113,7 @@ class LLMEngine:
             log.exception("engine step failed; failing its %d requests", len(batch.seqs))
             return self._fail(batch)
         self.scheduler.postprocess(batch)
-        self.last_step_seconds = time.perf_counter() - start
+        self._record_step(batch, time.perf_counter() - start)
         if sampled is None:
             return []
         return [
@@ -112,10 +123,19 @@ class LLMEngine:
             )
         ]
 
+    def _record_step(self, batch: ScheduledBatch, seconds: float) -> None:
+        now = time.monotonic()
+        prefill = False
+        for seq, n in zip(batch.seqs, batch.num_tokens, strict=True):
+            seq.extras.setdefault("first_scheduled", now - seconds)
+            prefill |= n > 1 or seq.num_computed_tokens <= seq.num_prompt_tokens
+        method = "prefill" if prefill else "decode"
+        self.step_timings.append(StepTiming(method, seconds, len(batch.seqs)))
+
     def _fail(self, batch: ScheduledBatch) -> list[RequestOutput]:
         outputs = []
-        for seq in batch.seqs:
-            self._finish(seq, "error")
+        for seq in batch.seqs:  # their blocks may hold half-written K/V: uncache them
+            self._finish(seq, "error", forget_blocks=True)
             outputs.append(self._output(seq, "", []))
         return outputs
 
@@ -137,16 +157,24 @@ class LLMEngine:
             text += seq.extras["stops"].flush()
         return self._output(seq, text, [info])
 
-    def _finish(self, seq: Sequence, reason: str, stop_reason: str | None = None) -> None:
-        self.scheduler.finish(seq, reason)
+    def _finish(
+        self, seq: Sequence, reason: str, stop_reason: str | None = None,
+        forget_blocks: bool = False,
+    ) -> None:
+        self.scheduler.finish(seq, reason, forget_blocks=forget_blocks)
+        seq.extras["finished"] = time.monotonic()
         seq.stop_reason = stop_reason
         self._seqs.pop(seq.request_id, None)
 
     def _output(self, seq: Sequence, text: str, tokens: list[TokenInfo]) -> RequestOutput:
-        return RequestOutput(
+        output = RequestOutput(
             seq.request_id, text, tokens, seq.is_finished, seq.finish_reason, seq.stop_reason,
             seq.num_prompt_tokens, seq.num_output_tokens,
         )
+        if seq.is_finished:
+            output.timings = _timings(seq)
+            output.seed = seq.extras.get("seed")
+        return output
 
     def generate(
         self, prompts: list[list[int]], sampling: SamplingParams | list[SamplingParams],
@@ -161,3 +189,11 @@ class LLMEngine:
         while self.has_work():
             self.step()
         return seqs
+
+
+def _timings(seq: Sequence) -> RequestTimings:
+    started = seq.extras.get("first_scheduled", seq.extras["finished"])
+    return RequestTimings(
+        queue_seconds=max(0.0, started - seq.arrival_time),
+        inference_seconds=max(0.0, seq.extras["finished"] - started),
+    )

@@ -91,6 +91,11 @@ def resolve_limits(config: EngineConfig, hf_config: PretrainedConfig) -> tuple[i
         raise EngineConfigError(
             f"--max-input-tokens ({max_input}) must be < --max-total-tokens ({max_total})"
         )
+    if not config.chunked_prefill and config.max_batch_prefill_tokens < max_input:
+        raise EngineConfigError(
+            f"without chunked prefill --max-batch-prefill-tokens "
+            f"({config.max_batch_prefill_tokens}) must be >= --max-input-tokens ({max_input})"
+        )
     return max_input, max_total
 
 

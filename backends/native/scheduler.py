@@ -22,6 +22,10 @@ from backends.native.sequence import Sequence, SequenceStatus
 class SchedulerConfig:
     max_batch_size: int
     max_batch_prefill_tokens: int
+    chunked_prefill: bool = True
+    # TGI's knobs for when waiting requests may join a running batch (chunking off).
+    waiting_served_ratio: float = 1.2
+    max_waiting_tokens: int = 20
 
 
 @dataclass
@@ -46,6 +50,8 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.steps_since_join = 0
+        self.last_joined = 0
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
@@ -58,8 +64,23 @@ class Scheduler:
         batch = ScheduledBatch([], [])
         budget = self.config.max_batch_prefill_tokens
         budget = self._schedule_running(batch, budget)
-        self._schedule_waiting(batch, budget)
+        had_running = bool(batch.seqs)
+        joined = self._schedule_waiting(batch, budget) if self._may_join(had_running) else 0
+        self.last_joined = joined
+        self.steps_since_join = 0 if joined or not had_running else self.steps_since_join + 1
         return batch
+
+    def _may_join(self, batch_running: bool) -> bool:
+        """TGI's rule, when prompts are not chunked: new requests join a running batch
+        once enough are waiting (waiting_served_ratio) or it has waited long enough
+        (max_waiting_tokens decode steps)."""
+        if self.config.chunked_prefill or not batch_running:
+            return True
+        if self.steps_since_join >= self.config.max_waiting_tokens:
+            return True
+        room = self.config.max_batch_size - len(self.running)
+        wanted = int(len(self.running) * self.config.waiting_served_ratio)
+        return min(len(self.waiting), room) >= max(wanted, 1)
 
     def _schedule_running(self, batch: ScheduledBatch, budget: int) -> int:
         queue = list(self.running)
@@ -97,12 +118,22 @@ class Scheduler:
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
 
-    def _schedule_waiting(self, batch: ScheduledBatch, budget: int) -> None:
+    def _schedule_waiting(self, batch: ScheduledBatch, budget: int) -> int:
+        joined = 0
         while self.waiting and budget > 0 and len(self.running) < self.config.max_batch_size:
             seq = self.waiting[0]
-            n = min(seq.num_uncomputed_tokens, budget)
+            if not seq.block_table:
+                self.blocks.match_prefix(seq)
+            n = seq.num_uncomputed_tokens
+            if self.config.chunked_prefill:
+                n = min(n, budget)
+            # Unchunked, one prompt may exceed the budget alone (a preempted sequence
+            # resumes with prompt + output), else it could never run.
+            over_budget = n > budget and budget < self.config.max_batch_prefill_tokens
             needed = self.blocks.blocks_needed(seq, seq.num_computed_tokens + n)
-            if not self.blocks.can_allocate(needed):
+            if over_budget or not self.blocks.can_allocate(needed):
+                self.blocks.free(seq)  # give back prefix hits; they stay cached
+                seq.num_computed_tokens = 0
                 break
             self.waiting.popleft()
             self.blocks.allocate(seq, seq.num_computed_tokens + n)
@@ -111,18 +142,20 @@ class Scheduler:
             batch.seqs.append(seq)
             batch.num_tokens.append(n)
             budget -= n
+            joined += 1
+        return joined
 
     def postprocess(self, batch: ScheduledBatch) -> None:
         """Advance computed-token counts once the step has run."""
         for seq, n in zip(batch.seqs, batch.num_tokens, strict=True):
             seq.num_computed_tokens += n
 
-    def finish(self, seq: Sequence, reason: str) -> None:
+    def finish(self, seq: Sequence, reason: str, *, forget_blocks: bool = False) -> None:
         """Mark seq finished (also for aborts) and give its blocks back."""
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
         elif seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
-        self.blocks.free(seq)
+        self.blocks.free(seq, forget=forget_blocks)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason

@@ -33,6 +33,11 @@ class Sequence:
     output_logprobs: list[float | None] = field(default_factory=list)
     num_computed_tokens: int = 0
     block_table: list[int] = field(default_factory=list)
+    # Prefix cache progress: blocks of block_table keyed so far, the last one's digest,
+    # and whether keying stopped (a block's content was already cached elsewhere).
+    keyed_blocks: int = 0
+    last_key: int | None = None
+    keying_stopped: bool = False
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: str | None = None
     stop_reason: str | None = None
