@@ -33,6 +33,14 @@ _FLAGS: tuple[tuple[tuple[str, ...], str, type, str], ...] = (
     (("--num-threads",), "num_threads", int, "CPU threads for the model"),
     (("--kv-cache-memory",), "kv_cache_memory", str,
      "KV cache budget: bytes (8GiB, 512M) or a fraction of free memory (0.9)"),
+    (("--max-concurrent-requests",), "max_concurrent_requests", int,
+     "requests in flight before new ones get 429"),
+    (("--waiting-served-ratio",), "waiting_served_ratio", float,
+     "without chunked prefill: waiting/running ratio that lets new requests join"),
+    (("--max-waiting-tokens",), "max_waiting_tokens", int,
+     "without chunked prefill: decode steps after which waiting requests join anyway"),
+    (("--prefix-caching",), "prefix_caching", str, "true (default) | false"),
+    (("--compile",), "compile", str, "torch.compile the decode attention: true (default) | false"),
     (("--log-level",), "log_level", str, "critical | error | warning | info | debug"),
 )
 
@@ -43,6 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="serve models over an OpenAI-compatible API")
     for flags, dest, kind, help_text in _FLAGS:
         serve.add_argument(*flags, dest=dest, type=kind, help=help_text, default=argparse.SUPPRESS)
+    serve.add_argument(
+        "--no-chunked-prefill", dest="chunked_prefill", action="store_false",
+        default=argparse.SUPPRESS, help="prefill each prompt whole, in one step",
+    )
     return parser
 
 

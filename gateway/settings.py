@@ -19,7 +19,8 @@ from backends.registry import BackendSpec
 _ENGINE_FIELDS = (
     "dtype", "device", "max_input_tokens", "max_total_tokens", "max_batch_size",
     "max_batch_prefill_tokens", "max_batch_total_tokens", "kv_cache_memory", "block_size",
-    "num_threads",
+    "num_threads", "max_concurrent_requests", "waiting_served_ratio", "max_waiting_tokens",
+    "chunked_prefill", "prefix_caching", "compile",
 )
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
@@ -79,6 +80,12 @@ class Settings(BaseSettings):
     block_size: PositiveInt | None = None
     num_threads: PositiveInt | None = None
     kv_cache_memory: float | None = Field(None, gt=0)
+    max_concurrent_requests: PositiveInt | None = None
+    waiting_served_ratio: float | None = Field(None, ge=0)
+    max_waiting_tokens: int | None = Field(None, ge=0)
+    chunked_prefill: bool | None = None
+    prefix_caching: bool | None = None
+    compile: bool | None = None
 
     @model_validator(mode="after")
     def _tgi_spellings(self) -> Settings:
