@@ -13,6 +13,7 @@ import os
 import queue
 import threading
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass
 
 import torch
@@ -60,6 +61,7 @@ class NativeBackend:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._error: str | None = None
+        self._in_flight = 0
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -140,17 +142,33 @@ class NativeBackend:
         return len(self._tokenize(req))
 
     async def generate(self, req: GenerationRequest) -> AsyncIterator[GenerationEvent]:
-        if len(self._streams) >= self.config.max_concurrent_requests:
+        self._admit()
+        try:
+            # Chat templates and long prompts take milliseconds: keep them off the loop.
+            prompt_ids = await asyncio.to_thread(self._tokenize, req)
+            self._validate(prompt_ids, req.sampling, "messages" if req.messages else "prompt")
+            async with aclosing(self._stream(req.request_id, prompt_ids, req.sampling)) as events:
+                async for event in events:
+                    yield event
+        finally:
+            self._in_flight -= 1
+
+    def _admit(self) -> None:
+        self._ready_engine()
+        if self._in_flight >= self.config.max_concurrent_requests:
             raise RequestError(
                 f"the model is overloaded: {self.config.max_concurrent_requests} requests "
                 f"are in flight (--max-concurrent-requests); retry shortly",
                 code="overloaded", status_code=429, error_type="overloaded",
             )
-        prompt_ids = self._tokenize(req)
-        self._validate(prompt_ids, req.sampling)
+        self._in_flight += 1
+
+    async def _stream(
+        self, request_id: str, prompt_ids: list[int], sampling: SamplingParams,
+    ) -> AsyncIterator[GenerationEvent]:
         stream: asyncio.Queue[GenerationEvent] = asyncio.Queue()
-        self._streams[req.request_id] = stream
-        self._inbox.put(_Add(req.request_id, prompt_ids, req.sampling))
+        self._streams[request_id] = stream
+        self._inbox.put(_Add(request_id, prompt_ids, sampling))
         finished = False
         try:
             while not finished:
@@ -158,9 +176,9 @@ class NativeBackend:
                 finished = event.finish_reason is not None
                 yield event
         finally:
-            self._streams.pop(req.request_id, None)
+            self._streams.pop(request_id, None)
             if not finished:
-                self._inbox.put(_Abort(req.request_id))
+                self._inbox.put(_Abort(request_id))
 
     def _ready_engine(self) -> LLMEngine:
         if self.engine is None or self._thread is None:
@@ -178,19 +196,19 @@ class NativeBackend:
                 raise RequestError(str(e), param="messages") from None
         return tokenizer.encode(req.prompt or "")
 
-    def _validate(self, prompt_ids: list[int], sampling: SamplingParams) -> None:
+    def _validate(self, prompt_ids: list[int], sampling: SamplingParams, field: str) -> None:
         loaded = self._ready_engine().loaded
         n = len(prompt_ids)
         if n == 0:
-            raise RequestError("the prompt is empty", param="prompt")
+            raise RequestError("the prompt is empty", param=field)
         vocab = loaded.tokenizer.vocab_size
         if any(not 0 <= t < max(vocab, loaded.hf_config.vocab_size) for t in prompt_ids):
-            raise RequestError("prompt token ids must be within the vocabulary", param="prompt")
+            raise RequestError("prompt token ids must be within the vocabulary", param=field)
         if n > loaded.max_input_tokens:
             raise RequestError(
                 f"the prompt has {n} tokens, more than this model's maximum input of "
                 f"{loaded.max_input_tokens} tokens",
-                param="messages", code="context_length_exceeded",
+                param=field, code="context_length_exceeded",
             )
         wanted = sampling.max_tokens or 1
         if n + wanted > loaded.max_total_tokens:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from tqdm import tqdm
 from transformers import PretrainedConfig
 
 from backends.native.attention import KVCache
@@ -55,7 +56,8 @@ def load_model(config: EngineConfig) -> LoadedModel:
     max_input, max_total = resolve_limits(config, hf_config)
     model = _build(hf_config, max_total, device, dtype)
     log.info("reading weights (%s, %s)", checkpoint.format, dtype)
-    model.load_weights(checkpoint.tensors())
+    model.load_weights(tqdm(checkpoint.tensors(), desc="loading weights", unit=" tensors",
+                            disable=None))
     tokenizer = Tokenizer.from_checkpoint(checkpoint)
     num_blocks, kv_cache = _allocate_kv_cache(config, model, max_total, device, dtype)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
