@@ -19,6 +19,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.middleware import CLIENT_CLOSED, MetricsMiddleware, set_status_label
 from gateway.routes_admin import router as admin_router
 from gateway.routes_openai import router as openai_router
+from gateway.routes_tgi import router as tgi_router
 from gateway.settings import Settings
 from gateway.state import GatewayState
 from routing.registry import ModelRegistry
@@ -103,4 +104,5 @@ def create_app(
     app.add_middleware(MetricsMiddleware, metrics=state.metrics)
     app.include_router(openai_router)
     app.include_router(admin_router)
+    app.include_router(tgi_router)
     return app

@@ -1,4 +1,8 @@
-"""OpenAI's error shape, `{"error": {"message", "type", "param", "code"}}`, for every failure."""
+"""Error answers: OpenAI's shape `{"error": {"message", "type", "param", "code"}}` everywhere,
+TGI's `{"error": "...", "error_type": "..."}` on TGI's routes (see `tgi_error_response`).
+
+Every handler also records why the request failed, for `tgi_request_failure{err}`.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +19,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from auth.access import AccessDenied
 from backends.base import BackendUnavailable, RequestError
+from gateway.metrics import failure_kind
+from gateway.middleware import set_failure_label
 from routing.errors import ModelNotFound
 
 log = logging.getLogger("switchyard.gateway")
@@ -52,6 +58,11 @@ class OpenAIError(Exception):
     def response(self) -> JSONResponse:
         return _AsciiJSONResponse(self.body(), status_code=self.status_code, headers=self.headers)
 
+    def failure_kind(self) -> str:
+        if self.code == "request_aborted":
+            return "aborted"
+        return failure_kind(self.status_code, self.error_type)
+
 
 class _AsciiJSONResponse(JSONResponse):
     """Errors may quote client input; ASCII escapes keep even broken unicode renderable."""
@@ -64,9 +75,15 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return OpenAIError(400, message, param=param, code=code)
 
 
+RETRY_AFTER_S = 1  # what an overloaded (429) or unready (503) answer suggests
+
+
 def from_request_error(exc: RequestError) -> OpenAIError:
+    """A backend's refusal; 429 (overloaded: --max-concurrent-requests) says when to retry."""
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if exc.status_code == 429 else None
     return OpenAIError(
         exc.status_code, exc.message, param=exc.param, code=exc.code, error_type=exc.error_type,
+        headers=headers,
     )
 
 
@@ -76,7 +93,8 @@ def from_model_not_found(exc: ModelNotFound) -> OpenAIError:
 
 def from_backend_unavailable(exc: BackendUnavailable) -> OpenAIError:
     message = str(exc) or "The model is not ready to serve requests; try again later."
-    return OpenAIError(503, message, code="model_not_ready", headers={"Retry-After": "1"})
+    return OpenAIError(503, message, code="model_not_ready",
+                       headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
 def from_access_denied(exc: AccessDenied) -> OpenAIError:
@@ -120,42 +138,79 @@ def from_validation_errors(errors: Sequence[Any]) -> OpenAIError:
     return OpenAIError(400, message, param=param, code=code)
 
 
+def to_openai_error(exc: Exception) -> OpenAIError | None:
+    """The answer for an exception the gateway knows; None for anything else (a bug)."""
+    if isinstance(exc, OpenAIError):
+        return exc
+    if isinstance(exc, RequestError):
+        return from_request_error(exc)
+    if isinstance(exc, BackendUnavailable):
+        return from_backend_unavailable(exc)
+    if isinstance(exc, ModelNotFound):
+        return from_model_not_found(exc)
+    if isinstance(exc, AccessDenied):
+        return from_access_denied(exc)
+    if isinstance(exc, RequestValidationError | ValidationError):
+        return from_validation_errors(list(exc.errors()))
+    if isinstance(exc, StarletteHTTPException):
+        message = str(exc.detail) if exc.detail else "HTTP error"
+        code = "not_found" if exc.status_code == 404 else None
+        return OpenAIError(exc.status_code, message, code=code, headers=exc.headers)
+    return None
+
+
+# TGI's error_type values its client understands, by our error type or status.
+_TGI_OVERLOADED = "Model is overloaded"
+
+
+def _tgi_status_and_type(err: OpenAIError) -> tuple[int, str]:
+    if err.error_type == "overloaded":
+        return 429, "overloaded"
+    if err.status_code in (400, 413, 415, 422):
+        return 422, "validation"  # TGI answers every input problem with 422
+    if err.status_code >= 500 and err.status_code != 503:
+        return err.status_code, "generation"
+    return err.status_code, {
+        401: "authentication", 403: "permission", 404: "not_found", 429: "rate_limit",
+        503: "unavailable",
+    }.get(err.status_code, err.error_type)
+
+
+def tgi_error_response(err: OpenAIError) -> JSONResponse:
+    """TGI's error shape `{"error": message, "error_type": kind}`, headers kept."""
+    status, error_type = _tgi_status_and_type(err)
+    message = _TGI_OVERLOADED if error_type == "overloaded" else err.message
+    body = {"error": message, "error_type": error_type}
+    return _AsciiJSONResponse(body, status_code=status, headers=err.headers)
+
+
+def tgi_error_body(err: OpenAIError) -> dict[str, Any]:
+    """The same, as one SSE event of a stream that already started."""
+    return {"error": err.message, "error_type": _tgi_status_and_type(err)[1]}
+
+
+def answer(request: Request, err: OpenAIError) -> JSONResponse:
+    """`err` in OpenAI's shape, noting why the request failed for the metrics."""
+    set_failure_label(request.scope, err.failure_kind())
+    return err.response()
+
+
 def install_error_handlers(app: FastAPI) -> None:
-    app.add_exception_handler(OpenAIError, _openai_error)
-    app.add_exception_handler(RequestValidationError, _request_validation)
-    app.add_exception_handler(ValidationError, _request_validation)
-    app.add_exception_handler(StarletteHTTPException, _http_exception)
-    app.add_exception_handler(ModelNotFound, _typed(from_model_not_found))
-    app.add_exception_handler(RequestError, _typed(from_request_error))
-    app.add_exception_handler(BackendUnavailable, _typed(from_backend_unavailable))
-    app.add_exception_handler(AccessDenied, _typed(from_access_denied))
+    for exc_type in (
+        OpenAIError, RequestValidationError, ValidationError, StarletteHTTPException,
+        ModelNotFound, RequestError, BackendUnavailable, AccessDenied,
+    ):
+        app.add_exception_handler(exc_type, _known)
     app.add_exception_handler(Exception, _unexpected)
 
 
-def _typed(convert: Any) -> Any:
-    async def handler(request: Request, exc: Exception) -> JSONResponse:
-        return convert(exc).response()
-    return handler
-
-
-async def _openai_error(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, OpenAIError)
-    return exc.response()
-
-
-async def _request_validation(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, RequestValidationError | ValidationError)
-    return from_validation_errors(list(exc.errors())).response()
-
-
-async def _http_exception(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, StarletteHTTPException)
-    message = str(exc.detail) if exc.detail else "HTTP error"
-    code = "not_found" if exc.status_code == 404 else None
-    return OpenAIError(exc.status_code, message, code=code, headers=exc.headers).response()
+async def _known(request: Request, exc: Exception) -> JSONResponse:
+    err = to_openai_error(exc)
+    assert err is not None
+    return answer(request, err)
 
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     # A server bug, never a client mistake: client input is validated before this point.
     log.exception("unhandled error on %s %s", request.method, request.url.path)
-    return internal_error().response()
+    return answer(request, internal_error())

@@ -18,16 +18,8 @@ from typing import Any, TypeVar
 import anyio
 from starlette.types import Receive
 
-from backends.base import (
-    Backend,
-    BackendUnavailable,
-    GenerationEvent,
-    GenerationRequest,
-    RequestError,
-    TokenInfo,
-    Usage,
-)
-from gateway.errors import OpenAIError, from_backend_unavailable, from_request_error, internal_error
+from backends.base import Backend, GenerationEvent, GenerationRequest, TokenInfo, Usage
+from gateway.errors import OpenAIError, internal_error, to_openai_error
 from gateway.metrics import GenerationTrace
 from gateway.responses import Formatter
 
@@ -57,6 +49,7 @@ class Collected:
     tokens: list[TokenInfo] = field(default_factory=list)
     finish_reason: str | None = None
     usage: Usage | None = None
+    last: GenerationEvent | None = None  # the finishing event (stop_reason, seed, timings)
 
 
 async def close_events(events: Events) -> None:
@@ -72,14 +65,11 @@ async def close_events(events: Events) -> None:
 
 def as_openai_error(exc: Exception) -> OpenAIError:
     """Backend exceptions -> HTTP errors; anything unexpected is a logged server error."""
-    if isinstance(exc, RequestError):
-        return from_request_error(exc)
-    if isinstance(exc, BackendUnavailable):
-        return from_backend_unavailable(exc)
-    if isinstance(exc, OpenAIError):
-        return exc
-    log.error("backend generation failed", exc_info=exc)
-    return internal_error()
+    err = to_openai_error(exc)
+    if err is None:
+        log.error("backend generation failed", exc_info=exc)
+        return internal_error()
+    return err
 
 
 async def open_generation(
@@ -98,7 +88,7 @@ async def open_generation(
     return Generation(backend, request, events, first, trace)
 
 
-def _finish_error(reason: str) -> OpenAIError:
+def finish_error(reason: str) -> OpenAIError:
     if reason == "abort":
         return OpenAIError(503, "The request was aborted by the server; try again.",
                            code="request_aborted", headers={"Retry-After": "1"})
@@ -106,7 +96,7 @@ def _finish_error(reason: str) -> OpenAIError:
                        code="generation_error")
 
 
-def _observe(gen: Generation, event: GenerationEvent, into: Collected) -> bool:
+def observe(gen: Generation, event: GenerationEvent, into: Collected) -> bool:
     """Fold one event into `into`; True when it was the last one."""
     gen.trace.event(bool(event.text or event.tokens))
     into.text.append(event.text)
@@ -115,22 +105,23 @@ def _observe(gen: Generation, event: GenerationEvent, into: Collected) -> bool:
         return False
     into.finish_reason = event.finish_reason
     into.usage = event.usage
+    into.last = event
     return True
 
 
-def _final_usage(gen: Generation, got: Collected) -> Usage:
+def final_usage(gen: Generation, got: Collected) -> Usage:
     if got.usage is not None:
         return got.usage
     # The contract puts usage on the last event; recount if a backend forgot.
     return Usage(gen.backend.count_tokens(gen.request), len(got.tokens))
 
 
-async def collect(gen: Generation, formatter: Formatter) -> dict[str, Any]:
-    """The whole non-streamed response body."""
+async def gather(gen: Generation) -> tuple[Collected, Usage]:
+    """Every event of a non-streamed generation, and its usage (recorded in the metrics)."""
     got = Collected()
     try:
         event = gen.first
-        while event is not None and not _observe(gen, event, got):
+        while event is not None and not observe(gen, event, got):
             event = await anext(gen.events, None)
     except Exception as exc:
         raise as_openai_error(exc) from exc
@@ -138,10 +129,16 @@ async def collect(gen: Generation, formatter: Formatter) -> dict[str, Any]:
         await close_events(gen.events)
     reason = got.finish_reason or "stop"
     if reason in ("abort", "error"):
-        raise _finish_error(reason)
-    usage = _final_usage(gen, got)
-    gen.trace.finished(usage)
-    return formatter.body("".join(got.text), got.tokens, reason, usage)
+        raise finish_error(reason)
+    usage = final_usage(gen, got)
+    gen.trace.finished(usage, got.last.timings if got.last else None)
+    return got, usage
+
+
+async def collect(gen: Generation, formatter: Formatter) -> dict[str, Any]:
+    """The whole non-streamed response body."""
+    got, usage = await gather(gen)
+    return formatter.body("".join(got.text), got.tokens, got.finish_reason or "stop", usage)
 
 
 def sse(data: dict[str, Any] | str) -> bytes:
@@ -161,7 +158,7 @@ async def stream(gen: Generation, formatter: Formatter, *, logprobs: bool) -> As
         got = Collected()
         event = gen.first
         while event is not None:
-            last = _observe(gen, event, got)
+            last = observe(gen, event, got)
             if event.text or (logprobs and event.tokens):
                 yield sse(formatter.delta_chunk(event.text, event.tokens))
             if last:
@@ -169,15 +166,19 @@ async def stream(gen: Generation, formatter: Formatter, *, logprobs: bool) -> As
             event = await anext(gen.events, None)
         reason = got.finish_reason or "stop"
         if reason in ("abort", "error"):
-            yield sse(_finish_error(reason).body())
+            err = finish_error(reason)
+            gen.trace.failed(err.failure_kind())
+            yield sse(err.body())
         else:
-            usage = _final_usage(gen, got)
-            gen.trace.finished(usage)
+            usage = final_usage(gen, got)
+            gen.trace.finished(usage, got.last.timings if got.last else None)
             yield sse(formatter.finish_chunk(reason))
             if formatter.include_usage:
                 yield sse(formatter.usage_chunk(usage))
     except Exception as exc:
-        yield sse(as_openai_error(exc).body())
+        err = as_openai_error(exc)
+        gen.trace.failed(err.failure_kind())
+        yield sse(err.body())
     finally:
         await close_events(gen.events)
     yield sse("[DONE]")

@@ -1,32 +1,48 @@
 """Pure ASGI middleware counting requests by route/model/status and timing them.
 
 Pure ASGI (not BaseHTTPMiddleware) so streaming responses and `receive()`-based
-disconnect detection pass through untouched.
+disconnect detection pass through untouched. For generation routes it also
+settles the request's `tgi_request_*` outcome once the exchange (the whole
+stream) is over: the routes, error handlers and generation traces fill in the
+request's `RequestLabels` while it runs.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.metrics import GatewayMetrics
+from gateway.metrics import GatewayMetrics, RequestLabels, current_request
 
 LABELS_KEY = "switchyard.labels"
 CLIENT_CLOSED = 499  # nginx's "client closed request", for metrics only
+GENERATION_ROUTES = frozenset({
+    "/v1/chat/completions", "/v1/completions", "/generate", "/generate_stream", "/",
+})
+
+
+def _labels(scope: Scope) -> RequestLabels | None:
+    return scope.get(LABELS_KEY)
 
 
 def set_model_label(scope: Scope, model: str) -> None:
-    labels = scope.get(LABELS_KEY)
+    labels = _labels(scope)
     if labels is not None:
-        labels["model"] = model
+        labels.model = model
 
 
 def set_status_label(scope: Scope, status: int) -> None:
-    labels = scope.get(LABELS_KEY)
+    labels = _labels(scope)
     if labels is not None:
-        labels["status"] = status
+        labels.status = status
+
+
+def set_failure_label(scope: Scope, kind: str) -> None:
+    """Why a request failed (tgi_request_failure's `err`); the first reason given wins."""
+    labels = _labels(scope)
+    if labels is not None and labels.error is None:
+        labels.error = kind
 
 
 class MetricsMiddleware:
@@ -38,23 +54,27 @@ class MetricsMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        labels: dict[str, Any] = {"model": "", "status": 500}
+        labels = RequestLabels()
         scope[LABELS_KEY] = labels
+        token = current_request.set(labels)
         started = time.perf_counter()
 
         async def send_wrapper(message: Message) -> None:
-            if message["type"] == "http.response.start" and labels["status"] != CLIENT_CLOSED:
-                labels["status"] = message["status"]
+            if message["type"] == "http.response.start" and labels.status != CLIENT_CLOSED:
+                labels.status = message["status"]
             await send(message)
 
         try:
             await self.app(scope, receive, send_wrapper)
         finally:
+            current_request.reset(token)
             self._record(scope, labels, time.perf_counter() - started)
 
-    def _record(self, scope: Scope, labels: dict[str, Any], elapsed: float) -> None:
+    def _record(self, scope: Scope, labels: RequestLabels, elapsed: float) -> None:
         route = scope.get("route")
         path = getattr(route, "path", None) or "unmatched"
-        model = labels["model"]
-        self.metrics.requests.labels(path, model, str(labels["status"])).inc()
-        self.metrics.duration.labels(path, model).observe(elapsed)
+        self.metrics.requests.labels(path, labels.model, str(labels.status)).inc()
+        self.metrics.duration.labels(path, labels.model).observe(elapsed)
+        if path in GENERATION_ROUTES and scope.get("method") == "POST":
+            self.metrics.generation_done(labels, elapsed)
+

@@ -1,0 +1,196 @@
+"""TGI's API: POST /generate, /generate_stream and / (TGI's compat route), GET /info.
+
+Every failure on these routes answers in TGI's shape `{"error", "error_type"}` (its
+`text-generation` client turns `error_type` into its exception classes): validation is a
+real 422 before any stream starts, an overloaded engine a 429 with `Retry-After`.
+
+Model selection: the `x-model` header, else the only served model. The routes live on
+an `APIRouter` whose route class converts errors, so a dependency added when including
+the router (auth) answers in TGI's shape too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
+
+from auth.access import bearer_token
+from backends.base import Backend, GenerationRequest, ModelInfo
+from gateway.errors import bad_request, internal_error, tgi_error_response, to_openai_error
+from gateway.generation import ClientDisconnected, gather, open_generation, unless_disconnected
+from gateway.middleware import set_failure_label, set_model_label
+from gateway.routes_openai import read_json
+from gateway.sampling import new_request_id
+from gateway.sse import SSEResponse
+from gateway.state import GatewayState, gateway_state
+from gateway.tgi_info import info_body
+from gateway.tgi_requests import (
+    TGIPlan,
+    TGIRequest,
+    TGIValidationError,
+    check_length,
+    check_truncate,
+    parse_request,
+    plan,
+)
+from gateway.tgi_responses import TGIView, generate_body, generate_headers, stream_events
+from routing.registry import ModelEntry
+
+log = logging.getLogger("switchyard.gateway")
+Handler = Callable[[Request], Coroutine[Any, Any, Response]]
+
+
+class TGIRoute(APIRoute):
+    """Errors raised anywhere in the route (dependencies included) answer in TGI's shape."""
+
+    def get_route_handler(self) -> Handler:
+        handler = super().get_route_handler()
+
+        async def tgi_handler(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except ClientDisconnected:
+                raise
+            except TGIValidationError as exc:
+                set_failure_label(request.scope, "validation")
+                return JSONResponse({"error": exc.message, "error_type": "validation"}, 422)
+            except Exception as exc:
+                err = to_openai_error(exc)
+                if err is None:
+                    log.exception("unhandled error on %s %s", request.method, request.url.path)
+                    err = internal_error()
+                set_failure_label(request.scope, err.failure_kind())
+                return tgi_error_response(err)
+
+        return tgi_handler
+
+
+router = APIRouter(route_class=TGIRoute)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A validated request, ready to run."""
+
+    state: GatewayState
+    entry: ModelEntry
+    backend: Backend
+    gen_request: GenerationRequest
+    view: TGIView
+
+
+def resolve_model(state: GatewayState, request: Request) -> ModelEntry:
+    name = (request.headers.get("x-model") or "").strip()
+    if name:
+        return state.models.resolve(name)
+    sole = state.models.sole_model()
+    if sole is None:
+        raise bad_request("Several models are served here: choose one with the `x-model` header.",
+                          "model", "missing_required_parameter")
+    return sole
+
+
+async def _prompt(
+    backend: Backend, info: ModelInfo, inputs: str, todo: TGIPlan,
+) -> tuple[int, list[int] | None]:
+    """The prompt's token count, and its token ids when they had to be truncated."""
+    check_truncate(todo.truncate, info)
+    probe = GenerationRequest(request_id="count", prompt=inputs)
+    tokenize = getattr(backend, "tokenize", None)  # optional: needed to truncate
+    if todo.truncate is not None and tokenize is not None:
+        ids: list[int] = await asyncio.to_thread(tokenize, probe)
+        if len(ids) > todo.truncate:
+            ids = ids[-todo.truncate:]  # TGI keeps the end of the input
+            return len(ids), ids
+        return len(ids), None
+    count = await asyncio.to_thread(backend.count_tokens, probe)
+    if todo.truncate is not None and count > todo.truncate:
+        raise TGIValidationError(
+            f"`truncate` is not supported by this model's backend for inputs longer than "
+            f"`truncate` (it cannot tokenize): the input has {count} tokens, `truncate` is "
+            f"{todo.truncate}")
+    return count, None
+
+
+async def prepare(request: Request, *, stream: bool | None) -> tuple[Prepared, bool]:
+    """Authenticate, parse, validate (TGI's checks, lengths included); `stream` None: the body's."""
+    state = gateway_state(request)
+    principal = await state.access.authenticate(bearer_token(request.headers.get("authorization")))
+    body: TGIRequest = parse_request(await read_json(request))
+    entry = resolve_model(state, request)
+    set_model_label(request.scope, entry.name)
+    await state.access.authorize(principal, entry.name)
+    compat = stream is None  # POST /: TGI's compat route
+    streamed = body.stream if compat else bool(stream)
+    todo = plan(body, stream=streamed, full_text_default=compat)
+    backend = state.models.pick(entry).backend
+    info = backend.info()
+    count, ids = await _prompt(backend, info, body.inputs, todo)
+    check_length(count, todo.sampling.max_tokens, info)
+    gen_request = GenerationRequest(
+        request_id=new_request_id(), sampling=todo.sampling, prompt=body.inputs,
+        prompt_token_ids=ids,
+    )
+    seed = todo.sampling.seed if todo.sampling.temperature > 0 else None
+    view = TGIView(body.inputs, todo.details, todo.return_full_text, seed)
+    return Prepared(state, entry, backend, gen_request, view), streamed
+
+
+async def _whole(request: Request, ready: Prepared) -> tuple[dict[str, Any], dict[str, str]]:
+    trace = ready.state.metrics.trace(ready.entry.name)
+    started = time.perf_counter()
+
+    async def run() -> tuple[dict[str, Any], dict[str, str]]:
+        gen = await open_generation(ready.backend, ready.gen_request, trace)
+        got, usage = await gather(gen)
+        headers = generate_headers(usage, got, time.perf_counter() - started)
+        return generate_body(got, usage, ready.view), headers
+
+    return await unless_disconnected(request.receive, run())
+
+
+async def _stream(request: Request, ready: Prepared) -> Response:
+    trace = ready.state.metrics.trace(ready.entry.name)
+    # The first event is pulled before the response starts: early errors stay 4xx.
+    opening = open_generation(ready.backend, ready.gen_request, trace)
+    gen = await unless_disconnected(request.receive, opening)
+    return SSEResponse(stream_events(gen, ready.view))
+
+
+@router.post("/generate", response_model=None)
+async def generate(request: Request) -> Response:
+    ready, _ = await prepare(request, stream=False)
+    body, headers = await _whole(request, ready)
+    return JSONResponse(body, headers=headers)
+
+
+@router.post("/generate_stream", response_model=None)
+async def generate_stream(request: Request) -> Response:
+    ready, _ = await prepare(request, stream=True)
+    return await _stream(request, ready)
+
+
+@router.post("/", response_model=None)
+async def compat_generate(request: Request) -> Response:
+    """TGI's (and the Inference API's) route: streams when `stream`, else a list of one."""
+    ready, streamed = await prepare(request, stream=None)
+    if streamed:
+        return await _stream(request, ready)
+    body, headers = await _whole(request, ready)
+    return JSONResponse([body], headers=headers)
+
+
+@router.get("/info", response_model=None)
+async def info(request: Request) -> Response:
+    state = gateway_state(request)
+    entry = resolve_model(state, request)
+    model_info = state.models.pick(entry).backend.info()
+    return JSONResponse(info_body(model_info, version=request.app.version))
