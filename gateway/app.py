@@ -10,13 +10,15 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from auth.access import AccessPolicy, OpenAccess
+from auth.access import AccessPolicy
+from auth.factory import build_access
 from backends.base import Backend
 from backends.registry import create_backend
 from gateway.errors import install_error_handlers
 from gateway.generation import ClientDisconnected
 from gateway.metrics import GatewayMetrics
 from gateway.middleware import CLIENT_CLOSED, MetricsMiddleware, set_status_label
+from gateway.response_headers import ResponseHeadersMiddleware
 from gateway.routes_admin import router as admin_router
 from gateway.routes_openai import router as openai_router
 from gateway.routes_tgi import router as tgi_router
@@ -85,22 +87,27 @@ def create_app(
         metrics=GatewayMetrics(
             lambda: [(m.name, registry.pick(m).backend) for m in registry.models()]
         ),
-        access=access or OpenAccess(),
+        access=access or build_access(settings.auth_config()),
     )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state.access.announce()
-        started = await start_backends(registry)
+        await state.access.start()
         try:
-            yield
+            started = await start_backends(registry)
+            try:
+                yield
+            finally:
+                await close_backends(started)
         finally:
-            await close_backends(started)
+            await state.access.close()
 
     app = FastAPI(title="Switchyard", version="0.1.0", lifespan=lifespan)
     app.state.gateway = state
     install_error_handlers(app)
     app.add_exception_handler(ClientDisconnected, _client_disconnected)
+    app.add_middleware(ResponseHeadersMiddleware)
     app.add_middleware(MetricsMiddleware, metrics=state.metrics)
     app.include_router(openai_router)
     app.include_router(admin_router)

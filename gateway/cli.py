@@ -1,4 +1,5 @@
-"""`switchyard serve`: TGI's launcher flags, also as SWITCHYARD_* env vars (flags win)."""
+"""`switchyard serve`: TGI's launcher flags, also as SWITCHYARD_* env vars (flags win).
+`switchyard keys`: API key administration (gateway/cli_keys.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from gateway.cli_keys import add_auth_flags, add_keys_command, run_keys
 from gateway.settings import Settings
 
 # (flags, settings field, type, help)
@@ -55,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-chunked-prefill", dest="chunked_prefill", action="store_false",
         default=argparse.SUPPRESS, help="prefill each prompt whole, in one step",
     )
+    add_auth_flags(serve)
+    add_keys_command(commands)
     return parser
 
 
@@ -79,6 +83,8 @@ def serve(settings: Settings) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    if args.command == "keys":
+        raise SystemExit(run_keys(args))
     try:
         settings = settings_from_args(args)
     except ValidationError as exc:

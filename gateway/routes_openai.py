@@ -14,10 +14,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 
-from auth.access import bearer_token
 from backends.base import GenerationRequest
 from gateway.errors import bad_request, from_validation_errors
-from gateway.generation import collect, open_generation, stream, unless_disconnected
+from gateway.generation import collect, stream, unless_disconnected
+from gateway.guard import GUARD, open_guarded
 from gateway.middleware import set_model_label
 from gateway.requests import ChatCompletionRequest, CompletionRequest
 from gateway.responses import (
@@ -32,7 +32,7 @@ from gateway.sse import SSEResponse
 from gateway.state import GatewayState, gateway_state
 from routing.registry import ModelEntry
 
-router = APIRouter()
+router = APIRouter(dependencies=[GUARD])  # the key is checked before the body is read
 Body = TypeVar("Body", bound=BaseModel)
 
 
@@ -70,11 +70,9 @@ def resolve_model(state: GatewayState, request: Request, body_model: str | None)
 
 async def _prepare(request: Request, schema: type[Body]) -> tuple[GatewayState, Body, ModelEntry]:
     state = gateway_state(request)
-    principal = await state.access.authenticate(bearer_token(request.headers.get("authorization")))
     body = parse_body(await read_json(request), schema)
     entry = resolve_model(state, request, getattr(body, "model", None))
     set_model_label(request.scope, entry.name)
-    await state.access.authorize(principal, entry.name)
     return state, body, entry
 
 
@@ -87,12 +85,13 @@ async def _respond(
     logprobs = gen_request.sampling.logprobs
     if streamed:
         # The first event is pulled before the response starts: early errors stay 4xx.
-        opening = open_generation(backend, gen_request, trace)
+        opening = open_guarded(request, entry.name, backend, gen_request, trace)
         gen = await unless_disconnected(request.receive, opening)
         return SSEResponse(stream(gen, formatter, logprobs=logprobs))
 
     async def whole() -> dict[str, Any]:
-        return await collect(await open_generation(backend, gen_request, trace), formatter)
+        gen = await open_guarded(request, entry.name, backend, gen_request, trace)
+        return await collect(gen, formatter)
 
     return JSONResponse(await unless_disconnected(request.receive, whole()))
 

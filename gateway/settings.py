@@ -11,9 +11,20 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from auth.factory import AuthConfig
+from auth.keys import KeyDeclaration
+from auth.limits import LEASE_TTL_S
 from backends.registry import BackendSpec
 
 _ENGINE_FIELDS = (
@@ -53,6 +64,7 @@ class ConfigFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     models: list[ModelDeclaration] = Field(min_length=1)
+    keys: list[KeyDeclaration] = Field(default_factory=list)  # hashed API keys
 
 
 class Settings(BaseSettings):
@@ -86,6 +98,13 @@ class Settings(BaseSettings):
     chunked_prefill: bool | None = None
     prefix_caching: bool | None = None
     compile: bool | None = None
+
+    # Auth: an admin key, a Redis URL or keys in the config file turn API keys on.
+    admin_key: SecretStr | None = None
+    redis_url: str | None = None
+    auth_fail_open: bool = False
+    auth_lease_ttl: float = Field(LEASE_TTL_S, gt=0)  # seconds a crashed replica holds a slot
+    metrics_auth: Literal["open", "key", "admin"] = "open"
 
     @model_validator(mode="after")
     def _tgi_spellings(self) -> Settings:
@@ -134,6 +153,14 @@ class Settings(BaseSettings):
         assert self.config_file is not None
         raw = yaml.safe_load(self.config_file.read_text(encoding="utf-8"))
         return ConfigFile.model_validate(raw if raw is not None else {})
+
+    def auth_config(self) -> AuthConfig:
+        keys = tuple(self.load_config_file().keys) if self.config_file is not None else ()
+        admin = self.admin_key.get_secret_value() if self.admin_key is not None else None
+        return AuthConfig(
+            admin_key=admin or None, redis_url=self.redis_url or None,
+            fail_open=self.auth_fail_open, keys=keys, lease_ttl_s=self.auth_lease_ttl,
+        )
 
     def _spec(self, decl: ModelDeclaration) -> BackendSpec:
         return BackendSpec(

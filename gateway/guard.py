@@ -1,0 +1,191 @@
+"""The auth guard of the inference routes. Any route gets it by using these two pieces:
+
+1. `GUARD` (a FastAPI dependency) on the router or route: the bearer key is checked
+   before the body is read (401, or 503 when Redis is away):
+   `APIRouter(dependencies=[GUARD])` or `app.include_router(router, dependencies=[GUARD])`.
+2. `open_guarded(request, model, backend, gen_request, trace)` in place of
+   `open_generation(backend, gen_request, trace)`: checks the key may use the model
+   (403), admits it against the key's limits (429 + Retry-After; prompt + max_tokens
+   reserved), adds the x-ratelimit-* headers to the response, and settles the
+   reservation with the real usage when the generation ends, however it ends
+   (finished, failed, or the client went away).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from fastapi import Depends, Request
+
+from auth.access import AccessDenied, Admission, Principal, bearer_token
+from auth.limits import Consumed
+from auth.policy import RateLimited
+from backends.base import (
+    Backend,
+    BackendUnavailable,
+    GenerationEvent,
+    GenerationRequest,
+    RequestError,
+    Usage,
+)
+from gateway.generation import Generation, as_openai_error, close_events, open_generation
+from gateway.metrics import GenerationTrace
+from gateway.response_headers import add_response_headers
+from gateway.state import gateway_state
+
+log = logging.getLogger("switchyard.gateway")
+PRINCIPAL_KEY = "switchyard.principal"
+
+
+async def require_key(request: Request) -> Principal:
+    """The caller of this request (401 without a valid key; open mode lets everyone in)."""
+    state = gateway_state(request)
+    token = bearer_token(request.headers.get("authorization"))
+    principal = await state.access.authenticate(token)
+    request.scope[PRINCIPAL_KEY] = principal
+    return principal
+
+
+GUARD = Depends(require_key)
+
+
+def principal_of(request: Request) -> Principal:
+    principal = request.scope.get(PRINCIPAL_KEY)
+    if principal is None:
+        raise RuntimeError(f"route {request.url.path} is not guarded: add dependencies=[GUARD]")
+    return principal
+
+
+async def require_admin(request: Request) -> Principal:
+    principal = await require_key(request)
+    if not principal.admin:
+        raise AccessDenied("This endpoint needs the admin key (set with --admin-key or "
+                           "SWITCHYARD_ADMIN_KEY).", status_code=403, code="admin_key_required")
+    return principal
+
+
+async def metrics_guard(request: Request) -> None:
+    """/metrics is open, or needs any valid key, or the admin key (--metrics-auth)."""
+    mode = gateway_state(request).settings.metrics_auth
+    if mode == "key":
+        await require_key(request)
+    elif mode == "admin":
+        await require_admin(request)
+
+
+class _PromptTokens:
+    """The prompt's token count, counted (off the event loop) at most once, only if asked."""
+
+    def __init__(self, backend: Backend, request: GenerationRequest) -> None:
+        self._backend = backend
+        self._request = request
+        self._count: int | None = None
+
+    async def count(self) -> int:
+        if self._count is None:
+            self._count = await asyncio.to_thread(self._backend.count_tokens, self._request)
+        return self._count
+
+    async def reserve(self) -> int:
+        """Prompt + max_tokens (up to the context window): what admission holds back."""
+        prompt = await self.count()
+        window = max(self._backend.info().max_total_tokens, prompt)
+        limit = self._request.sampling.max_tokens
+        return window if limit is None else min(prompt + limit, window)
+
+
+@dataclass
+class _Meter:
+    admission: Admission
+    prompt: _PromptTokens
+    completion_tokens: int = 0
+    final: Usage | None = None
+    started: bool = False
+    settled: bool = False
+
+    def observe(self, event: GenerationEvent) -> None:
+        self.started = True
+        self.completion_tokens += len(event.tokens)
+        if event.usage is not None:
+            self.final = event.usage
+
+    async def consumed(self) -> Consumed:
+        if self.final is not None:
+            return Consumed(self.final.prompt_tokens, self.final.completion_tokens, True)
+        if not self.started:
+            return Consumed()
+        try:
+            prompt = await self.prompt.count()
+        except Exception:
+            log.exception("counting prompt tokens for usage failed")
+            prompt = 0
+        return Consumed(prompt, self.completion_tokens, True)
+
+    async def settle(self) -> None:
+        if self.settled:
+            return
+        self.settled = True
+        with anyio.CancelScope(shield=True):
+            await self.admission.settle(await self.consumed())
+
+
+async def _metered(events: AsyncIterator[GenerationEvent], meter: _Meter,
+                   ) -> AsyncIterator[GenerationEvent]:
+    try:
+        async for event in events:
+            meter.observe(event)
+            yield event
+    finally:
+        await close_events(events)
+        await meter.settle()
+
+
+class _MeteredBackend:
+    """The backend, with each generation's events counted for settlement."""
+
+    def __init__(self, backend: Backend, meter: _Meter) -> None:
+        self._backend = backend
+        self._meter = meter
+
+    def generate(self, req: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+        return _metered(self._backend.generate(req), self._meter)
+
+    def count_tokens(self, req: GenerationRequest) -> int:
+        return self._backend.count_tokens(req)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+
+async def admit(request: Request, model: str, backend: Backend,
+                gen_request: GenerationRequest) -> tuple[Admission, _PromptTokens]:
+    state = gateway_state(request)
+    prompt = _PromptTokens(backend, gen_request)
+    try:
+        admission = await state.access.admit(principal_of(request), model, prompt.reserve)
+    except RateLimited as exc:
+        add_response_headers(request.scope, exc.headers)
+        raise
+    except (RequestError, BackendUnavailable) as exc:  # from counting the prompt
+        raise as_openai_error(exc) from exc
+    add_response_headers(request.scope, admission.headers)
+    return admission, prompt
+
+
+async def open_guarded(
+    request: Request, model: str, backend: Backend, gen_request: GenerationRequest,
+    trace: GenerationTrace,
+) -> Generation:
+    """`open_generation`, admitted against the caller's key and settled when it ends."""
+    admission, prompt = await admit(request, model, backend, gen_request)
+    meter = _Meter(admission, prompt)
+    try:
+        return await open_generation(_MeteredBackend(backend, meter), gen_request, trace)
+    except BaseException:
+        await meter.settle()
+        raise
