@@ -169,3 +169,7 @@ class Backend(Protocol):
     def count_tokens(self, req: GenerationRequest) -> int:
         """Prompt tokens of `req` after templating (for validation and limits)."""
         ...
+
+    def tokenize(self, req: GenerationRequest) -> list[int]:
+        """The prompt token ids of `req` after templating (e.g. for TGI's `truncate`)."""
+        ...

@@ -94,6 +94,7 @@ class NativeBackend:
             backend="native",
             extra={
                 "model_id": loaded.model_path,
+                "device": loaded.device.type,
                 "max_batch_total_tokens": loaded.num_blocks * self.config.block_size,
                 "max_batch_size": self.config.max_batch_size,
                 "max_batch_prefill_tokens": self.config.max_batch_prefill_tokens,
@@ -139,13 +140,13 @@ class NativeBackend:
         return timings
 
     def count_tokens(self, req: GenerationRequest) -> int:
-        return len(self._tokenize(req))
+        return len(self.tokenize(req))
 
     async def generate(self, req: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         self._admit()
         try:
             # Chat templates and long prompts take milliseconds: keep them off the loop.
-            prompt_ids = await asyncio.to_thread(self._tokenize, req)
+            prompt_ids = await asyncio.to_thread(self.tokenize, req)
             self._validate(prompt_ids, req.sampling, "messages" if req.messages else "prompt")
             async with aclosing(self._stream(req.request_id, prompt_ids, req.sampling)) as events:
                 async for event in events:
@@ -185,7 +186,7 @@ class NativeBackend:
             raise BackendUnavailable(self._error or "the model is still loading")
         return self.engine
 
-    def _tokenize(self, req: GenerationRequest) -> list[int]:
+    def tokenize(self, req: GenerationRequest) -> list[int]:
         tokenizer = self._ready_engine().tokenizer
         if req.prompt_token_ids is not None:
             return list(req.prompt_token_ids)
