@@ -139,3 +139,20 @@ def test_disconnect_aborts_and_frees_blocks_while_another_completes(
     assert result["out"].usage.completion_tokens == 40
     _wait_until_idle(native_backend)
     assert native_backend.engine.num_aborted == aborted_before + 1
+
+
+def test_prefix_hit_is_identical_and_shows_in_metrics(base_url: str, client) -> None:
+    def hits() -> float:
+        text = httpx.get(f"{base_url}/metrics").text
+        line = next(x for x in text.splitlines()
+                    if x.startswith("switchyard_prefix_cache_hits") and "{" in x)
+        return float(line.rsplit(" ", 1)[1])
+
+    prompt = "The quick brown fox jumps over the lazy dog. " * 12
+    before = hits()
+    first = client.completions.create(model=MODEL, prompt=prompt, max_tokens=16, temperature=0)
+    middle = hits()
+    second = client.completions.create(model=MODEL, prompt=prompt, max_tokens=16, temperature=0)
+    assert second.choices[0].text == first.choices[0].text
+    assert hits() - middle >= first.usage.prompt_tokens // 8 - 1  # block_size 8
+    assert middle >= before
