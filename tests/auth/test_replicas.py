@@ -117,6 +117,25 @@ def test_a_disconnected_stream_is_charged_what_it_used(replicas: tuple[Replica, 
     assert int(after.headers["x-ratelimit-remaining-tokens"]) == 3000 - charged - (echo_prompt + 5)
 
 
+def test_a_client_that_gives_up_on_a_plain_request_is_settled(
+    replicas: tuple[Replica, Replica],
+) -> None:
+    a, b = replicas
+    made = create_key(a.url, name="gave-up", parallel=1, budget=100_000)
+    key = made["key"]
+    with pytest.raises(httpx.ReadTimeout):  # the client closes the connection after 0.3 s
+        httpx.post(f"{a.url}/v1/chat/completions", timeout=httpx.Timeout(10, read=0.3),
+                   headers={"Authorization": f"Bearer {key}"},
+                   json={"model": "slow", "messages": PROMPT, "max_tokens": 1000,
+                         "ignore_eos": True})
+    wait_until(lambda: model_usage(b.url, made["id"], "slow")["requests"] == 1)
+    row = model_usage(b.url, made["id"], "slow")
+    assert 1 <= row["completion_tokens"] < 100  # ~6 tokens at 50 ms each, not 1000
+    assert usage(b.url, made["id"])["budget"]["used"] == row["prompt_tokens"] + \
+        row["completion_tokens"]
+    assert chat(b.url, key, model="slow").status_code == 200  # the parallel slot is free
+
+
 def _open_stream(client: httpx.Client, url: str, key: str) -> tuple[httpx.Response, Any]:
     """A streamed request left running (the line iterator must stay alive with it)."""
     body = {"model": "slow", "messages": [{"role": "user", "content": "hold"}],
