@@ -22,10 +22,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 
-from auth.access import bearer_token
 from backends.base import Backend, GenerationRequest, ModelInfo
 from gateway.errors import bad_request, internal_error, tgi_error_response, to_openai_error
-from gateway.generation import ClientDisconnected, gather, open_generation, unless_disconnected
+from gateway.generation import ClientDisconnected, gather, unless_disconnected
+from gateway.guard import GUARD, open_guarded, principal_of
 from gateway.middleware import set_failure_label, set_model_label
 from gateway.routes_openai import read_json
 from gateway.sampling import new_request_id
@@ -123,7 +123,7 @@ async def _prompt(
 async def prepare(request: Request, *, stream: bool | None) -> tuple[Prepared, bool]:
     """Authenticate, parse, validate (TGI's checks, lengths included); `stream` None: the body's."""
     state = gateway_state(request)
-    principal = await state.access.authenticate(bearer_token(request.headers.get("authorization")))
+    principal = principal_of(request)
     body: TGIRequest = parse_request(await read_json(request))
     entry = resolve_model(state, request)
     set_model_label(request.scope, entry.name)
@@ -149,7 +149,9 @@ async def _whole(request: Request, ready: Prepared) -> tuple[dict[str, Any], dic
     started = time.perf_counter()
 
     async def run() -> tuple[dict[str, Any], dict[str, str]]:
-        gen = await open_generation(ready.backend, ready.gen_request, trace)
+        gen = await open_guarded(
+            request, ready.entry.name, ready.backend, ready.gen_request, trace
+        )
         got, usage = await gather(gen)
         headers = generate_headers(usage, got, time.perf_counter() - started)
         return generate_body(got, usage, ready.view), headers
@@ -160,25 +162,25 @@ async def _whole(request: Request, ready: Prepared) -> tuple[dict[str, Any], dic
 async def _stream(request: Request, ready: Prepared) -> Response:
     trace = ready.state.metrics.trace(ready.entry.name)
     # The first event is pulled before the response starts: early errors stay 4xx.
-    opening = open_generation(ready.backend, ready.gen_request, trace)
+    opening = open_guarded(request, ready.entry.name, ready.backend, ready.gen_request, trace)
     gen = await unless_disconnected(request.receive, opening)
     return SSEResponse(stream_events(gen, ready.view))
 
 
-@router.post("/generate", response_model=None)
+@router.post("/generate", response_model=None, dependencies=[GUARD])
 async def generate(request: Request) -> Response:
     ready, _ = await prepare(request, stream=False)
     body, headers = await _whole(request, ready)
     return JSONResponse(body, headers=headers)
 
 
-@router.post("/generate_stream", response_model=None)
+@router.post("/generate_stream", response_model=None, dependencies=[GUARD])
 async def generate_stream(request: Request) -> Response:
     ready, _ = await prepare(request, stream=True)
     return await _stream(request, ready)
 
 
-@router.post("/", response_model=None)
+@router.post("/", response_model=None, dependencies=[GUARD])
 async def compat_generate(request: Request) -> Response:
     """TGI's (and the Inference API's) route: streams when `stream`, else a list of one."""
     ready, streamed = await prepare(request, stream=None)

@@ -181,3 +181,16 @@ def test_open_mode_has_no_key_administration() -> None:
     with running_server(create_app(Settings(), backends={"echo": EchoBackend()})) as base:
         assert httpx.get(f"{base}/v1/models").status_code == 200
         assert httpx.get(f"{base}/admin/keys", headers=admin_headers()).status_code == 403
+
+
+def test_tgi_routes_are_limited_and_metered(http: httpx.Client) -> None:
+    made = http.post("/admin/keys", headers=admin_headers(), json={"name": "tgi", "rpm": 2})
+    key_id, secret = made.json()["id"], made.json()["key"]
+    body = {"inputs": "a b", "parameters": {"max_new_tokens": 2}}
+    headers = {**bearer(secret), "x-model": "echo"}
+    answers = [http.post("/generate", json=body, headers=headers) for _ in range(3)]
+    assert [a.status_code for a in answers] == [200, 200, 429]
+    assert answers[2].headers["retry-after"] and "x-ratelimit-limit-requests" in answers[0].headers
+    assert answers[2].json()["error_type"]  # TGI's error shape
+    usage = http.get(f"/admin/keys/{key_id}/usage", headers=admin_headers()).json()
+    assert "2" in str(usage) and "echo" in str(usage)
