@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -67,6 +69,29 @@ async def close_backends(backends: list[Backend]) -> None:
             log.exception("closing a backend failed")
 
 
+@asynccontextmanager
+async def _loading_in_background(
+    registry: ModelRegistry, on_failure: Callable[[BaseException], None] | None,
+) -> AsyncIterator[None]:
+    task = asyncio.create_task(start_backends(registry))
+
+    def report(done: asyncio.Task[list[Backend]]) -> None:
+        if done.cancelled() or done.exception() is None:
+            return
+        log.error("a model could not be loaded: %s", done.exception())
+        if on_failure is not None:
+            on_failure(done.exception())
+
+    task.add_done_callback(report)
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
+        await close_backends(list(registry.backends()))
+
+
 async def _client_disconnected(request: Request, exc: Exception) -> Response:
     set_status_label(request.scope, CLIENT_CLOSED)
     return Response(status_code=CLIENT_CLOSED)
@@ -74,12 +99,15 @@ async def _client_disconnected(request: Request, exc: Exception) -> Response:
 
 def create_app(
     settings: Settings, backends: Mapping[str, Backend] | None = None,
-    access: AccessPolicy | None = None,
+    access: AccessPolicy | None = None, *, load_in_background: bool = False,
+    on_load_failure: Callable[[BaseException], None] | None = None,
 ) -> FastAPI:
     """The gateway app. `backends` by served model name; None builds them from `settings`.
 
-    Backends are started (models loaded) in the lifespan, before the server
-    accepts connections, and closed on shutdown.
+    Backends are started (models loaded) in the lifespan and closed on shutdown. By
+    default loading finishes before the server accepts connections; with
+    `load_in_background` the server answers at once (/health 503 until every model
+    is ready) and `on_load_failure` hears of a model that could not load.
     """
     registry = build_registry(settings, backends)
     state = GatewayState(
@@ -95,11 +123,15 @@ def create_app(
         state.access.announce()
         await state.access.start()
         try:
-            started = await start_backends(registry)
-            try:
-                yield
-            finally:
-                await close_backends(started)
+            if load_in_background:
+                async with _loading_in_background(registry, on_load_failure):
+                    yield
+            else:
+                started = await start_backends(registry)
+                try:
+                    yield
+                finally:
+                    await close_backends(started)
         finally:
             await state.access.close()
 

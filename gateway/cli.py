@@ -77,8 +77,20 @@ def serve(settings: Settings) -> None:
         level=settings.log_level.upper() if settings.log_level != "trace" else "DEBUG",
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    app = create_app(settings)
-    uvicorn.run(app, host=settings.hostname, port=settings.port, log_level=settings.log_level)
+    failures: list[BaseException] = []
+
+    def stop(exc: BaseException) -> None:
+        failures.append(exc)
+        server.should_exit = True
+
+    # The port opens at once: /health answers 503 while the models load (TGI-style probes).
+    app = create_app(settings, load_in_background=True, on_load_failure=stop)
+    server = uvicorn.Server(uvicorn.Config(
+        app, host=settings.hostname, port=settings.port, log_level=settings.log_level))
+    server.run()
+    if failures:
+        print(f"switchyard: a model could not be loaded: {failures[0]}", file=sys.stderr)
+        raise SystemExit(1)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -1,21 +1,69 @@
-"""End to end: the default model, served as `switchyard serve` would, answers through the SDK."""
+"""End to end: `switchyard serve` with the default model, driven by the openai SDK."""
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
 import openai
 
-from gateway.app import create_app
-from gateway.settings import Settings
-from tests.gateway.conftest import running_server
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_ready(url: str, process: subprocess.Popen, timeout_s: float) -> list[int]:
+    """Poll /health until 200; returns the statuses seen."""
+    seen: list[int] = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            seen.append(httpx.get(f"{url}/health", timeout=2).status_code)
+        except httpx.TransportError:
+            pass
+        if seen and seen[-1] == 200:
+            return seen
+        time.sleep(0.1)
+    raise AssertionError(f"server not ready; /health said {seen[-5:]}")
 
 
 def test_default_model_knows_the_capital_of_france() -> None:
-    settings = Settings(model_id="default", max_total_tokens=1024, kv_cache_memory=256 * 2**20)
-    with running_server(create_app(settings), timeout_s=300) as url:
+    port = _free_port()
+    env = {**os.environ, "SWITCHYARD_KV_CACHE_MEMORY": "256MiB"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "serve", "--model-id", "default",
+         "--port", str(port), "--max-total-tokens", "1024", "--num-threads", "1"],
+        env=env,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        statuses = _wait_ready(url, process, timeout_s=300)
+        assert 503 in statuses  # the port answers while the model loads
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
         (model,) = client.models.list().data
         answer = client.chat.completions.create(
             model=model.id, temperature=0, max_tokens=40,
             messages=[{"role": "user", "content": "What is the capital of France?"}],
         )
-    assert "Paris" in answer.choices[0].message.content
+        assert "Paris" in answer.choices[0].message.content
+    finally:
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=60) in (0, -signal.SIGINT)  # uvicorn re-raises SIGINT
+
+
+def test_a_model_that_cannot_load_stops_the_server(tmp_path) -> None:
+    port = _free_port()
+    (tmp_path / "config.json").write_text('{"model_type": "gpt2"}')
+    process = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "serve", "--model-id", str(tmp_path),
+         "--port", str(port)], capture_output=True, text=True, timeout=120,
+    )
+    assert process.returncode == 1
+    assert "could not be loaded" in process.stderr and "gpt2" in process.stderr

@@ -65,7 +65,11 @@ class NativeBackend:
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self.engine = await asyncio.to_thread(LLMEngine, self.config)
+        try:
+            self.engine = await asyncio.to_thread(LLMEngine, self.config)
+        except Exception as exc:
+            self._error = f"loading failed: {exc}"
+            raise
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
         self._thread.start()
 
