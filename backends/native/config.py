@@ -26,3 +26,6 @@ class EngineConfig:
     prefix_caching: bool = True
     waiting_served_ratio: float = 1.2  # TGI's join rule when chunked prefill is off
     max_waiting_tokens: int = 20
+    # gptq | awq | gguf (as the checkpoint says), eetq | bitsandbytes[-nf4|-fp4] (at load),
+    # none (dense; dequantizes a GGUF file at load); None: whatever the checkpoint holds
+    quantize: str | None = None

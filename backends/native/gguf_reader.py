@@ -17,6 +17,7 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, ReaderTensor
 from gguf.quants import dequantize
 
 from backends.native.model_support import UnsupportedModelError
+from backends.quantized.gguf import KEPT_TYPES, GGUFRaw
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
 
@@ -206,17 +207,52 @@ def reverse_permute(weight: torch.Tensor, n_head: int) -> torch.Tensor:
     return w.transpose(1, 2).reshape(weight.shape).contiguous()
 
 
+def raw_tensor(tensor: ReaderTensor) -> GGUFRaw:
+    """A tensor's blocks as stored, one row per output feature (no dequantization)."""
+    rows = int(tensor.shape[-1]) if len(tensor.shape) > 1 else 1
+    data = torch.from_numpy(np.array(tensor.data, dtype=np.uint8, copy=True)).view(rows, -1)
+    return GGUFRaw(tensor.name, tensor.tensor_type, data, int(tensor.shape[0]))
+
+
+def lm_head_kept(reader: GGUFReader) -> bool:
+    """Is the lm_head's tensor (output.weight, else the tied token_embd) of a kept type?"""
+    by_name = {t.name: t for t in reader.tensors}
+    head = by_name.get("output.weight") or by_name.get("token_embd.weight")
+    return head is not None and head.tensor_type in KEPT_TYPES
+
+
+def _is_linear(name: str) -> bool:
+    return name == "lm_head.weight" or name.endswith("_proj.weight")
+
+
 def iter_gguf_tensors(
-    reader: GGUFReader, config: transformers.PretrainedConfig
-) -> Iterator[tuple[str, torch.Tensor]]:
+    reader: GGUFReader, config: transformers.PretrainedConfig, keep_quantized: bool = False,
+) -> Iterator[tuple[str, torch.Tensor | GGUFRaw]]:
+    """(HF name, float32 tensor), or with `keep_quantized` Linear weights of a kept type as
+    `GGUFRaw`; a tied lm_head then also comes as "lm_head.weight" from token_embd's blocks."""
     arch = gguf_architecture(reader)
+    tie_raw = keep_quantized and config.tie_word_embeddings and lm_head_kept(reader)
     for tensor in reader.tensors:
         name = hf_name(arch, tensor.name)
         if name is None:
             raise UnsupportedModelError(f"Unknown GGUF tensor {tensor.name}")
-        weight = dequantize_tensor(tensor)
+        if tie_raw and tensor.name == "token_embd.weight":
+            yield "lm_head.weight", raw_tensor(tensor)
+        weight: torch.Tensor | GGUFRaw
+        if keep_quantized and _is_linear(name) and tensor.tensor_type in KEPT_TYPES:
+            weight = raw_tensor(tensor)
+        else:
+            weight = dequantize_tensor(tensor)
         if arch == "llama" and name.endswith("q_proj.weight"):
-            weight = reverse_permute(weight, config.num_attention_heads)
+            weight = _permute_rows(weight, config.num_attention_heads)
         elif arch == "llama" and name.endswith("k_proj.weight"):
-            weight = reverse_permute(weight, config.num_key_value_heads)
+            weight = _permute_rows(weight, config.num_key_value_heads)
         yield name, weight
+
+
+def _permute_rows(weight: torch.Tensor | GGUFRaw, n_head: int) -> torch.Tensor | GGUFRaw:
+    """reverse_permute on whole rows: GGUF blocks never cross rows, so raw rows move alike."""
+    if isinstance(weight, torch.Tensor):
+        return reverse_permute(weight, n_head)
+    rows = reverse_permute(torch.arange(weight.data.shape[0]), n_head)
+    return weight.rows(rows)

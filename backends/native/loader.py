@@ -29,7 +29,8 @@ __all__ = [
 ]
 
 CheckpointFormat = Literal["safetensors", "gguf", "pytorch"]
-TensorStream = Callable[[], Iterator[tuple[str, torch.Tensor]]]
+# keep_quantized: GGUF only, yield quantizable Linear weights as `GGUFRaw` blocks
+TensorStream = Callable[[bool], Iterator[tuple[str, Any]]]
 
 
 class CheckpointError(ValueError):
@@ -45,10 +46,13 @@ class Checkpoint:
     _stream: TensorStream = field(repr=False)
     # GGUF only: the file's scalar metadata (e.g. "tokenizer.ggml.add_bos_token"); {} for folders.
     metadata: dict[str, Any] = field(default_factory=dict, repr=False)
+    # GGUF only: the lm_head's blocks (output.weight, or token_embd when tied) can stay packed
+    quantized_lm_head: bool = False
 
-    def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """(HF parameter name, tensor), one at a time; GGUF tensors are dequantized to float32."""
-        return self._stream()
+    def tensors(self, keep_quantized: bool = False) -> Iterator[tuple[str, Any]]:
+        """(HF parameter name, tensor), one at a time. GGUF tensors are dequantized to float32,
+        except, with `keep_quantized`, Linear weights of a kept type (`GGUFRaw` blocks)."""
+        return self._stream(keep_quantized)
 
 
 def load_checkpoint(path: str) -> Checkpoint:
@@ -85,11 +89,12 @@ def _load_gguf(path: str) -> Checkpoint:
     gguf_reader.check_tensor_types(reader)
     eos = _merge_ids(config.eos_token_id, gguf_reader.gguf_extra_eos_ids(reader))
 
-    def stream() -> Iterator[tuple[str, torch.Tensor]]:
-        return gguf_reader.iter_gguf_tensors(reader, config)
+    def stream(keep_quantized: bool) -> Iterator[tuple[str, Any]]:
+        return gguf_reader.iter_gguf_tensors(reader, config, keep_quantized)
 
     metadata = gguf_reader.scalar_metadata(reader)
-    return Checkpoint(path, config, "gguf", eos, stream, metadata)
+    return Checkpoint(path, config, "gguf", eos, stream, metadata,
+                      gguf_reader.lm_head_kept(reader))
 
 
 def _weight_files(path: str) -> tuple[CheckpointFormat, list[str]]:
@@ -119,7 +124,7 @@ def _indexed_or_globbed(path: str, index_name: str, pattern: str) -> list[str]:
 
 
 def _safetensors_stream(files: list[str]) -> TensorStream:
-    def stream() -> Iterator[tuple[str, torch.Tensor]]:
+    def stream(keep_quantized: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
         for file in files:
             with safe_open(file, framework="pt") as f:
                 for name in f.keys():
@@ -129,7 +134,7 @@ def _safetensors_stream(files: list[str]) -> TensorStream:
 
 
 def _pytorch_stream(files: list[str]) -> TensorStream:
-    def stream() -> Iterator[tuple[str, torch.Tensor]]:
+    def stream(keep_quantized: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
         for file in files:
             state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
             yield from state.items()

@@ -19,6 +19,9 @@ from backends.native.model_support import check_supported
 from backends.native.models import build_model, sliding_window
 from backends.native.models.llama import Rotary
 from backends.native.tokenizer import Tokenizer
+from backends.quantized.config import GGUFConfig, QuantConfig, resolve_quantization
+from backends.quantized.loading import QuantizedLinears, prepare_model
+from backends.quantized.resident import resident_bytes
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +45,8 @@ class LoadedModel:
     sliding_window: int | None
     max_input_tokens: int
     max_total_tokens: int
-    weight_bytes: int
+    weight_bytes: int  # resident bytes of the weights (quantized ones as packed)
+    quantization: str | None = None  # e.g. "gptq 4-bit group 128 sym"; None: dense
 
 
 def load_model(config: EngineConfig) -> LoadedModel:
@@ -54,20 +58,24 @@ def load_model(config: EngineConfig) -> LoadedModel:
     device = torch.device(config.device)
     dtype = resolve_dtype(config.dtype, device)
     max_input, max_total = resolve_limits(config, hf_config)
-    model = _build(hf_config, max_total, device, dtype)
+    quant = resolve_quantization(hf_config, checkpoint.format, config.quantize)
+    model, linears = _build(hf_config, max_total, device, dtype, quant,
+                            checkpoint.quantized_lm_head)
     log.info("reading weights (%s, %s)", checkpoint.format, dtype)
-    model.load_weights(tqdm(checkpoint.tensors(), desc="loading weights", unit=" tensors",
-                            disable=None))
+    tensors = checkpoint.tensors(keep_quantized=isinstance(quant, GGUFConfig))
+    model.load_weights(tqdm(tensors, desc="loading weights", unit=" tensors", disable=None),
+                       linears)
     tokenizer = Tokenizer.from_checkpoint(checkpoint)
     num_blocks, kv_cache = _allocate_kv_cache(config, model, max_total, device, dtype)
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    weight_bytes = resident_bytes(model)
+    quantization = quant.describe() if quant else None
     log.info(
-        "ready: %.1f MB of weights, %d KV blocks of %d tokens",
-        weight_bytes / 1e6, num_blocks, config.block_size,
+        "ready: %.1f MB of weights (%s), %d KV blocks of %d tokens",
+        weight_bytes / 1e6, quantization or f"dense {dtype}", num_blocks, config.block_size,
     )
     return LoadedModel(
         path, hf_config, model, tokenizer, kv_cache, num_blocks, device, dtype,
-        sliding_window(hf_config), max_input, max_total, weight_bytes,
+        sliding_window(hf_config), max_input, max_total, weight_bytes, quantization,
     )
 
 
@@ -103,15 +111,18 @@ def resolve_limits(config: EngineConfig, hf_config: PretrainedConfig) -> tuple[i
 
 def _build(
     hf_config: PretrainedConfig, max_total: int, device: torch.device, dtype: torch.dtype,
-) -> nn.Module:
+    quant: QuantConfig | None = None, quantized_lm_head: bool = False,
+) -> tuple[nn.Module, QuantizedLinears | None]:
     with torch.device("meta"):
         model = build_model(hf_config, max_total)
+    # Quantized Linears are swapped for placeholders first: no dense copy is ever allocated.
+    linears = prepare_model(model, quant, device, dtype, quantized_lm_head) if quant else None
     model = model.to_empty(device=device).to(dtype)
-    if getattr(model, "tie_word_embeddings", False):
+    if getattr(model, "tie_word_embeddings", False) and isinstance(model.lm_head, nn.Linear):
         model.lm_head.weight = model.model.embed_tokens.weight
     # RoPE tables stay float32 (cast per step), as transformers computes them.
     model.model.rotary = Rotary(hf_config, model.head_dim, max_total).to(device)
-    return model.eval()
+    return model.eval(), linears
 
 
 def _allocate_kv_cache(

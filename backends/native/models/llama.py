@@ -7,6 +7,7 @@ Module names follow Hugging Face; q/k/v and gate/up are fused at load time
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -14,6 +15,9 @@ from transformers import PretrainedConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from backends.native.attention import AttentionMetadata, KVCache, paged_attention
+
+if TYPE_CHECKING:
+    from backends.quantized.loading import QuantizedLinears
 
 # checkpoint name fragment -> (fused parameter fragment, shard index)
 MERGES: dict[str, tuple[str, int]] = {
@@ -191,15 +195,41 @@ class LlamaForCausalLM(nn.Module):
         x = self.model.norm(x.index_select(0, logits_indices))
         return self.lm_head(x).float()
 
-    def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def quantizable_linears(self, include_lm_head: bool = False) -> dict[str, list[str]]:
+        """Module name -> the checkpoint prefixes it is read from (in shard order)."""
+        fused: dict[str, list[str]] = {}
+        for fragment, (target, index) in MERGES.items():
+            fused.setdefault(target, []).insert(index, fragment)
+        targets: dict[str, list[str]] = {}
+        for i in range(len(self.model.layers)):
+            for block, names in (("self_attn", ("qkv_proj", "o_proj")),
+                                 ("mlp", ("gate_up_proj", "down_proj"))):
+                for name in names:
+                    prefix = f"model.layers.{i}.{block}"
+                    targets[f"{prefix}.{name}"] = [
+                        f"{prefix}.{part}" for part in fused.get(name, [name])
+                    ]
+        if include_lm_head:
+            targets["lm_head"] = ["lm_head"]
+        return targets
+
+    def load_weights(
+        self, tensors: Iterable[tuple[str, Any]], quantized: QuantizedLinears | None = None,
+    ) -> None:
+        """Copy checkpoint tensors in; those of quantized Linears go to `quantized`."""
         params = dict(self.named_parameters(remove_duplicate=False))
         loaded: set[str] = set()
         for name, tensor in tensors:
+            if quantized is not None and quantized.claims(name):
+                quantized.add(name, tensor)
+                continue
             if "rotary_emb.inv_freq" in name:
                 continue
             if name == "lm_head.weight" and self.tie_word_embeddings:
                 continue
             loaded.add(self._load_one(params, name, tensor))
+        if quantized is not None:
+            quantized.finish()
         missing = [n for n in params if not self._is_loaded(n, loaded)]
         if self.tie_word_embeddings and "lm_head.weight" in missing:
             missing.remove("lm_head.weight")

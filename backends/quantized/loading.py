@@ -1,0 +1,156 @@
+"""Routing checkpoint tensors to quantized Linears while a model loads.
+
+`prepare_model` swaps the model's quantizable Linears for `PendingLinear` placeholders (before
+the dense parameters are materialized, so no dense copy of them is ever allocated) and
+returns a `QuantizedLinears`. The model's `load_weights` hands it every tensor that belongs to
+one of those Linears; as soon as a Linear has all its tensors it is built and put in place.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from torch import nn
+
+from backends.quantized.awq import AWQWeightsLoader
+from backends.quantized.config import (
+    AWQConfig,
+    BnbConfig,
+    EETQConfig,
+    GGUFConfig,
+    GPTQConfig,
+    QuantConfig,
+    QuantizationError,
+)
+from backends.quantized.eetq import EETQWeightsLoader
+from backends.quantized.gptq import GPTQWeightsLoader
+from backends.quantized.linear import LinearSpec, Parts, PendingLinear, WeightsLoader
+
+log = logging.getLogger(__name__)
+_MAX_SUFFIX_DEPTH = 3  # "weight.quant_state.bitsandbytes__nf4" is 3 components deep
+
+
+def weights_loader(config: QuantConfig) -> WeightsLoader:
+    if isinstance(config, GPTQConfig):
+        return GPTQWeightsLoader(config)
+    if isinstance(config, AWQConfig):
+        return AWQWeightsLoader(config)
+    if isinstance(config, EETQConfig):
+        return EETQWeightsLoader(config)
+    if isinstance(config, BnbConfig):
+        from backends.quantized.bnb import BnbWeightsLoader
+
+        return BnbWeightsLoader(config)
+    if isinstance(config, GGUFConfig):
+        from backends.quantized.gguf import GGUFWeightsLoader
+
+        return GGUFWeightsLoader(config)
+    raise QuantizationError(f"no weights loader for {config!r}")
+
+
+class QuantizedLinears:
+    def __init__(self, model: nn.Module, loader: WeightsLoader, specs: list[LinearSpec]) -> None:
+        self.model = model
+        self.loader = loader
+        self.specs = {spec.name: spec for spec in specs}
+        # checkpoint prefix -> (module name, shard index)
+        self.prefixes = {
+            prefix: (spec.name, i)
+            for spec in specs for i, prefix in enumerate(spec.checkpoint_names)
+        }
+        self.parts: dict[str, list[Parts]] = {
+            spec.name: [{} for _ in spec.checkpoint_names] for spec in specs
+        }
+        self.built: dict[str, nn.Module] = {}
+        self.ready: list[str] = []  # complete, built once the stream moves on (late extras)
+
+    def split(self, name: str) -> tuple[str, str] | None:
+        """(checkpoint prefix, suffix) if `name` belongs to a quantized Linear, else None."""
+        parts = name.split(".")
+        for depth in range(1, min(_MAX_SUFFIX_DEPTH, len(parts) - 1) + 1):
+            prefix = ".".join(parts[:-depth])
+            if prefix in self.prefixes:
+                return prefix, ".".join(parts[-depth:])
+        return None
+
+    def claims(self, name: str) -> bool:
+        return self.split(name) is not None
+
+    def add(self, name: str, tensor: Any) -> None:
+        split = self.split(name)
+        assert split is not None
+        prefix, suffix = split
+        allowed = (*self.loader.required, *self.loader.optional, "bias")
+        if suffix not in allowed:
+            raise QuantizationError(
+                f"tensor {name} does not belong in a {self.loader.method} checkpoint "
+                f"(a linear holds {', '.join(allowed)})"
+            )
+        module_name, index = self.prefixes[prefix]
+        if module_name in self.built:
+            raise QuantizationError(f"tensor {name} appears twice in the checkpoint")
+        for done in [m for m in self.ready if m != module_name]:
+            self._build(done)
+        self.parts[module_name][index][suffix] = tensor
+        if module_name not in self.ready and self._complete(module_name):
+            self.ready.append(module_name)
+
+    def _missing(self, module_name: str) -> list[str]:
+        spec = self.specs[module_name]
+        wanted = self.loader.required + (("bias",) if spec.bias else ())
+        return [
+            f"{prefix}.{suffix}"
+            for prefix, parts in zip(spec.checkpoint_names, self.parts[module_name], strict=True)
+            for suffix in wanted if suffix not in parts
+        ]
+
+    def _complete(self, module_name: str) -> bool:
+        return not self._missing(module_name)
+
+    def _build(self, module_name: str) -> None:
+        self.ready.remove(module_name)
+        spec = self.specs[module_name]
+        module = self.loader.build(spec, self.parts.pop(module_name))
+        parent_name, _, attr = module_name.rpartition(".")
+        setattr(self.model.get_submodule(parent_name) if parent_name else self.model, attr, module)
+        self.built[module_name] = module
+
+    def finish(self) -> None:
+        """Build what is left; raise naming the first missing tensors, if any Linear never got
+        all of its own."""
+        for done in list(self.ready):
+            self._build(done)
+        missing = [m for name in self.specs if name not in self.built for m in self._missing(name)]
+        if missing:
+            shown = ", ".join(missing[:4]) + (" ..." if len(missing) > 4 else "")
+            raise QuantizationError(
+                f"{self.loader.method} checkpoint lacks tensors: {shown}"
+            )
+
+
+def prepare_model(
+    model: nn.Module, config: QuantConfig, device: torch.device, dtype: torch.dtype,
+    quantized_lm_head: bool = False,
+) -> QuantizedLinears:
+    """Replace the model's quantizable Linears by placeholders; call before materializing.
+    `quantized_lm_head`: the lm_head too (GGUF files whose output tensor stays packed)."""
+    loader = weights_loader(config)
+    lm_head = quantized_lm_head and isinstance(config, GGUFConfig)
+    targets = model.quantizable_linears(include_lm_head=lm_head)
+    specs = []
+    for name, checkpoint_names in targets.items():
+        module = model.get_submodule(name)
+        shards = list(getattr(module, "shards", [module.weight.shape[0]]))
+        spec = LinearSpec(
+            name, checkpoint_names, module.weight.shape[1], shards,
+            getattr(module, "bias", None) is not None, device, dtype,
+        )
+        specs.append(spec)
+        parent_name, _, attr = name.rpartition(".")
+        setattr(model.get_submodule(parent_name) if parent_name else model, attr,
+                PendingLinear(spec))
+    log.info("quantization: %s; kernel: %s", config.describe(), loader.kernel(device, dtype))
+    return QuantizedLinears(model, loader, specs)
+

@@ -1,0 +1,91 @@
+"""Shared by the quantized tests: fixture folders, the native engine's greedy logits, and a
+dense transformers model to compare against."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from backends.base import SamplingParams
+from backends.native.config import EngineConfig
+from backends.native.engine import LLMEngine
+from tests.fixtures.quantized._common import STEPS
+
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "quantized"
+LOGIT_TOLERANCE = 2e-2
+
+
+def fixture_folder(name: str, tokenizer_dir: Path, tmp: Path) -> Path:
+    """A copy of a fixture checkpoint with the shared tokenizer beside it."""
+    folder = tmp / name
+    shutil.copytree(FIXTURES / name, folder)
+    for item in tokenizer_dir.iterdir():
+        shutil.copy(item, folder / item.name)
+    return folder
+
+
+def reference(name: str) -> dict[str, torch.Tensor]:
+    return load_file(str(FIXTURES / name / "reference.safetensors"))
+
+
+def make_engine(path: Path | str, **overrides) -> LLMEngine:
+    options = {"dtype": "bfloat16", "max_total_tokens": 128, "max_batch_total_tokens": 1024,
+               "compile": False}
+    options.update(overrides)
+    return LLMEngine(EngineConfig(model=str(path), **options))
+
+
+def native_greedy(engine: LLMEngine, prompt: list[int], steps: int = STEPS):
+    """Greedy tokens and the float32 logits the engine sampled each of them from."""
+    captured: list[torch.Tensor] = []
+    run = engine.runner.run
+
+    def capture(batch):
+        logits, seqs = run(batch)
+        captured.append(logits.float().clone())
+        return logits, seqs
+
+    engine.runner.run = capture
+    try:
+        (seq,) = engine.generate(
+            [prompt], SamplingParams(max_tokens=steps, temperature=0.0, ignore_eos=True)
+        )
+    finally:
+        engine.runner.run = run
+    return seq.output_token_ids, torch.cat(captured)
+
+
+def teacher_forced_logits(model, prompt: list[int], tokens: list[int]) -> torch.Tensor:
+    """A transformers model's logits at each generation step, fed `tokens` (one forward)."""
+    ids = torch.tensor([prompt + tokens[:-1]])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0].float()
+    return logits[len(prompt) - 1:]
+
+
+def assert_close_greedy(
+    tokens: list[int], logits: torch.Tensor, want_tokens: list[int], want_logits: torch.Tensor,
+    tolerance: float = LOGIT_TOLERANCE,
+) -> None:
+    assert tokens == want_tokens
+    diff = (logits - want_logits).abs().max().item()
+    assert diff <= tolerance, f"max abs logit difference {diff:.4f} > {tolerance}"
+
+
+def dense_linear_bytes(config) -> int:
+    """What the decoder layers' Linears take as bf16 weights."""
+    hidden, inter = config.hidden_size, config.intermediate_size
+    head_dim = hidden // config.num_attention_heads
+    q, kv = config.num_attention_heads * head_dim, config.num_key_value_heads * head_dim
+    per_layer = hidden * (q + 2 * kv) + q * hidden + 3 * hidden * inter
+    return 2 * per_layer * config.num_hidden_layers
+
+
+def quantized_linear_bytes(engine: LLMEngine) -> int:
+    from backends.quantized.resident import resident_bytes
+
+    model = engine.loaded.model
+    return sum(resident_bytes(model.get_submodule(n)) for n in model.quantizable_linears())
