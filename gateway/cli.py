@@ -23,6 +23,9 @@ _FLAGS: tuple[tuple[tuple[str, ...], str, type, str], ...] = (
     (("--hostname",), "hostname", str, "address to listen on (default 127.0.0.1)"),
     (("--port",), "port", int, "port to listen on (default 8080)"),
     (("--dtype",), "dtype", str, "auto | bfloat16 | float16 | float32"),
+    (("--quantize",), "quantize", str,
+     "gptq | awq | gguf (as the checkpoint is), eetq | bitsandbytes | bitsandbytes-nf4 | "
+     "bitsandbytes-fp4 (at load), none (dense; dequantizes a .gguf)"),
     (("--device",), "device", str, "cpu | cuda | cuda:N"),
     (("--max-input-tokens", "--max-input-length"), "max_input_tokens", int,
      "longest prompt in tokens"),

@@ -82,6 +82,24 @@ class Int4Linear(nn.Module):
         zero = self.scale_zeros[:, :, 1].unsqueeze(1) - 8 * scale
         return torch.addcmul(zero, q, scale).view(k, n)
 
+    def rows(self, index: torch.Tensor) -> torch.Tensor:
+        """Rows `index` of the dequantized weight, [len(index), in_features], read straight
+        from the packed tensor (a tied embedding looks tokens up here). Needs `dense_ok`."""
+        k = self.in_features * self.repeats
+        blocks = self.packed.view(self.out_features // _BLOCK_N, k, _BLOCK_N // 2)
+        local = index % _BLOCK_N
+        picked = blocks[index // _BLOCK_N, :, local % (_BLOCK_N // 2)]  # [T, K] bytes
+        q = (picked >> (4 * (local // (_BLOCK_N // 2))).unsqueeze(1)) & 15
+        sz = self.scale_zeros[:, index]  # [G, T, 2]
+        scale, zero = sz[..., 0].t().unsqueeze(-1), sz[..., 1].t().unsqueeze(-1)
+        q = q.view(len(index), -1, self.group_size).to(self.compute_dtype)
+        w = ((q - 8) * scale + zero).view(len(index), k)
+        if self.repeats > 1:
+            w = w.view(len(index), self.repeats, -1).sum(1)
+        if self.perm is not None:
+            w = w[:, torch.argsort(self.perm)]
+        return w
+
     def extra_repr(self) -> str:
         return (f"in={self.in_features}, out={self.out_features}, group={self.group_size}, "
                 f"kernel={self.kernel}, act_order={self.perm is not None}")
@@ -94,6 +112,11 @@ def int4_kernel_name(device: torch.device) -> str:
         "cuda-tinygemm": "torch tinygemm int4 (_weight_int4pack_mm)",
         "dequantize": "dequantize + matmul (fallback)",
     }[_pick_kernel(device, torch.bfloat16)]
+
+
+def can_read_rows(out_features: int, device: torch.device) -> bool:
+    """Will an Int4Linear of this size on `device` support `rows()`?"""
+    return device.type == "cpu" and _cpu_layout_known(out_features)
 
 
 def _pick_kernel(device: torch.device, dtype: torch.dtype) -> str:

@@ -51,8 +51,12 @@ def weights_loader(config: QuantConfig) -> WeightsLoader:
 
 
 class QuantizedLinears:
-    def __init__(self, model: nn.Module, loader: WeightsLoader, specs: list[LinearSpec]) -> None:
+    def __init__(
+        self, model: nn.Module, loader: WeightsLoader, specs: list[LinearSpec],
+        skip: frozenset[str] = frozenset(),
+    ) -> None:
         self.model = model
+        self.skip = skip  # checkpoint tensors with no place left (a packed tied embedding)
         self.loader = loader
         self.specs = {spec.name: spec for spec in specs}
         # checkpoint prefix -> (module name, shard index)
@@ -76,9 +80,11 @@ class QuantizedLinears:
         return None
 
     def claims(self, name: str) -> bool:
-        return self.split(name) is not None
+        return name in self.skip or self.split(name) is not None
 
     def add(self, name: str, tensor: Any) -> None:
+        if name in self.skip:
+            return
         split = self.split(name)
         assert split is not None
         prefix, suffix = split
@@ -152,5 +158,22 @@ def prepare_model(
         setattr(model.get_submodule(parent_name) if parent_name else model, attr,
                 PendingLinear(spec))
     log.info("quantization: %s; kernel: %s", config.describe(), loader.kernel(device, dtype))
-    return QuantizedLinears(model, loader, specs)
+    skip = _pack_tied_embedding(model, device) if lm_head else frozenset()
+    return QuantizedLinears(model, loader, specs, skip)
+
+
+def _pack_tied_embedding(model: nn.Module, device: torch.device) -> frozenset[str]:
+    """With a tied, packed lm_head, token lookups read its rows: no dense table is kept."""
+    from backends.quantized.embedding import PackedEmbedding
+    from backends.quantized.int4_linear import can_read_rows
+
+    embed = model.model.embed_tokens
+    if not getattr(model, "tie_word_embeddings", False) or not can_read_rows(
+        embed.num_embeddings, device
+    ):
+        return frozenset()
+    model.model.embed_tokens = PackedEmbedding(
+        lambda: model.lm_head, embed.num_embeddings, embed.embedding_dim
+    )
+    return frozenset({"model.embed_tokens.weight"})
 
