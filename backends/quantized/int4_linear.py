@@ -1,8 +1,9 @@
 """Int4Linear: 4-bit weights packed for torch's weight-only int4 kernels.
 
-CPU: `aten._weight_int4pack_mm_for_cpu` for few rows (decode); from `DENSE_MIN_ROWS` rows on
-(prefill, large decode batches) the packed weight is dequantized into a bf16 [K, N] buffer
-and multiplied there, which is several times faster than the int4 kernel at that size.
+CPU: `aten._weight_int4pack_mm_for_cpu` below `DENSE_MIN_ROWS` rows (decode, decode batches);
+from there on (prefill) the packed weight is dequantized into a bf16 [K, N] buffer and
+multiplied there: the kernel's cost grows with rows, the dequantization's does not, and at
+prefill sizes the dequantize + bf16 matmul is several times faster.
 CUDA: torch's tinygemm (`aten._weight_int4pack_mm`, sm80+, bf16), else dequantize + matmul.
 """
 
@@ -15,7 +16,10 @@ from torch import nn
 
 from backends.quantized.affine import AffineInt4
 
-DENSE_MIN_ROWS = 32  # from here on, dequantize + matmul beats the CPU int4 kernel (measured)
+# From here on dequantize + matmul beats the CPU int4 kernel. Measured on 2 cores: about 48
+# rows for a 2304 x 768 weight, but above 256 for a 49152-row lm_head (dequantizing it costs
+# more per weight); 128 keeps decode batches on the kernel and prefill on the matmul.
+DENSE_MIN_ROWS = 128
 _BLOCK_N = 64  # the CPU packing's row block on AVX-512 machines (checked at run time)
 
 
@@ -50,27 +54,29 @@ class Int4Linear(nn.Module):
         x = x.reshape(-1, shape[-1])
         if self.perm is not None:
             x = x.index_select(1, self.perm)
-        if self.repeats > 1:
-            x = x.repeat(1, self.repeats)
         out = self._matmul(x)
         if self.bias is not None:
             out = out + self.bias
         return out.view(*shape[:-1], self.out_features)
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kernel == "cpu-int4pack" and (x.shape[0] < DENSE_MIN_ROWS or not self.dense_ok):
+        if self.kernel == "dequantize" or (
+            self.kernel == "cpu-int4pack" and self.dense_ok and x.shape[0] >= DENSE_MIN_ROWS
+        ):
+            return x @ self.dequantize_kn().to(x.dtype)
+        if self.repeats > 1:  # the weight's halves each see the whole input
+            x = x.repeat(1, self.repeats)
+        if self.kernel == "cpu-int4pack":
             return torch.ops.aten._weight_int4pack_mm_for_cpu(
                 x, self.packed, self.group_size, self.scale_zeros
             )
-        if self.kernel == "cuda-tinygemm":
-            out = torch.ops.aten._weight_int4pack_mm(
-                x.to(torch.bfloat16), self.packed, self.group_size, self.scale_zeros
-            )
-            return out.to(x.dtype)
-        return x @ self.dequantize_kn().to(x.dtype)
+        out = torch.ops.aten._weight_int4pack_mm(
+            x.to(torch.bfloat16), self.packed, self.group_size, self.scale_zeros
+        )
+        return out.to(x.dtype)
 
     def dequantize_kn(self) -> torch.Tensor:
-        """The weight as [K * repeats, N] in the compute dtype (kernel column order)."""
+        """The weight as [K, N] in the compute dtype (kernel column order; halves summed)."""
         n, k = self.out_features, self.in_features * self.repeats
         if self.kernel == "dequantize":
             q = self.packed  # stored plain as [K, N] uint8 on this path
@@ -80,7 +86,8 @@ class Int4Linear(nn.Module):
         q = q.reshape(k // self.group_size, self.group_size, n).to(self.compute_dtype)
         scale = self.scale_zeros[:, :, 0].unsqueeze(1)  # [G, 1, N]
         zero = self.scale_zeros[:, :, 1].unsqueeze(1) - 8 * scale
-        return torch.addcmul(zero, q, scale).view(k, n)
+        w = torch.addcmul(zero, q, scale).view(k, n)
+        return w if self.repeats == 1 else w.view(self.repeats, -1, n).sum(0)
 
     def rows(self, index: torch.Tensor) -> torch.Tensor:
         """Rows `index` of the dequantized weight, [len(index), in_features], read straight

@@ -58,6 +58,20 @@ def native_greedy(engine: LLMEngine, prompt: list[int], steps: int = STEPS):
     return seq.output_token_ids, torch.cat(captured)
 
 
+def cached_greedy(model, prompt: list[int], steps: int = 16):
+    """transformers' own decode loop (KV cache): the same kernels per step as a server."""
+    tokens, rows, past = [], [], None
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        for _ in range(steps):
+            out = model(input_ids=ids, past_key_values=past, use_cache=True)
+            past, row = out.past_key_values, out.logits[0, -1].float()
+            tokens.append(int(row.argmax()))
+            rows.append(row)
+            ids = torch.tensor([[tokens[-1]]])
+    return tokens, torch.stack(rows)
+
+
 def teacher_forced_logits(model, prompt: list[int], tokens: list[int]) -> torch.Tensor:
     """A transformers model's logits at each generation step, fed `tokens` (one forward)."""
     ids = torch.tensor([prompt + tokens[:-1]])

@@ -13,6 +13,7 @@ from tests.fixtures.quantized._common import greedy_record, write_base_model
 from tests.quantized.helpers import (
     LOGIT_TOLERANCE,
     assert_close_greedy,
+    cached_greedy,
     dense_linear_bytes,
     make_engine,
     native_greedy,
@@ -35,20 +36,6 @@ def _bnb_config(kind: str):
         return BitsAndBytesConfig(load_in_8bit=True)
     return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=kind,
                               bnb_4bit_compute_dtype=torch.bfloat16)
-
-
-def cached_greedy(model, prompt: list[int], steps: int = 16):
-    """transformers' own decode loop (KV cache): the same kernels per step as a server."""
-    tokens, rows, past = [], [], None
-    ids = torch.tensor([prompt])
-    with torch.no_grad():
-        for _ in range(steps):
-            out = model(input_ids=ids, past_key_values=past, use_cache=True)
-            past, row = out.past_key_values, out.logits[0, -1].float()
-            tokens.append(int(row.argmax()))
-            rows.append(row)
-            ids = torch.tensor([[tokens[-1]]])
-    return tokens, torch.stack(rows)
 
 
 @pytest.fixture(scope="module")

@@ -14,12 +14,12 @@ from backends.quantized.int8_linear import Int8Linear
 from tests.fixtures.quantized._common import greedy_record, write_base_model
 from tests.quantized.helpers import (
     assert_close_greedy,
+    cached_greedy,
     dense_linear_bytes,
     make_engine,
     native_greedy,
     quantized_linear_bytes,
 )
-from tests.quantized.test_bnb import cached_greedy
 
 
 def int8_per_channel(weight: torch.Tensor) -> torch.Tensor:

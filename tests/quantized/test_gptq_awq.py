@@ -85,10 +85,12 @@ def test_4bit_linears_take_at_most_035x_bf16(case) -> None:
 
 
 def test_dequantize_path_agrees_with_kernel_path(case) -> None:
-    """A 48-token prompt prefilled at once (dequantize + matmul, >= 32 rows) and in chunks of
-    8 (the int4 / int8 kernels) gives the same greedy tokens and close logits."""
-    _, folder, engine, ref, _, _ = case
-    prompt = (ref["prompt"].tolist() * 4)[:48]
-    whole = native_greedy(engine, prompt, steps=4)
-    chunked = native_greedy(make_engine(folder, max_batch_prefill_tokens=8), prompt, steps=4)
+    """A 160-token prompt prefilled at once (dequantize + matmul, >= DENSE_MIN_ROWS rows) and in
+    chunks of 8 (the int4 / int8 kernels) gives the same greedy tokens and close logits."""
+    _, folder, _, ref, _, _ = case
+    prompt = (ref["prompt"].tolist() * 14)[:160]
+    whole = native_greedy(make_engine(folder, max_total_tokens=256), prompt, steps=4)
+    chunked = native_greedy(
+        make_engine(folder, max_total_tokens=256, max_batch_prefill_tokens=8), prompt, steps=4
+    )
     assert_close_greedy(*whole, *chunked)
