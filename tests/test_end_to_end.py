@@ -53,6 +53,9 @@ def test_default_model_knows_the_capital_of_france() -> None:
             messages=[{"role": "user", "content": "What is the capital of France?"}],
         )
         assert "Paris" in answer.choices[0].message.content
+        info = httpx.get(f"{url}/info").json()
+        assert info["quantization"].startswith("gguf")  # kept packed in memory
+        assert 50e6 < info["weight_bytes"] < 0.5 * 135e6 * 2  # well under bf16's size
     finally:
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=60) in (0, -signal.SIGINT)  # uvicorn re-raises SIGINT

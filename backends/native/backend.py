@@ -94,7 +94,7 @@ class NativeBackend:
             max_input_tokens=loaded.max_input_tokens,
             max_total_tokens=loaded.max_total_tokens,
             dtype=str(loaded.dtype).removeprefix("torch."),
-            quantization=None,
+            quantization=loaded.quantization,
             backend="native",
             extra={
                 "model_id": loaded.model_path,
