@@ -66,12 +66,21 @@ class NativeBackend:
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         try:
-            self.engine = await asyncio.to_thread(LLMEngine, self.config)
+            self.engine = await asyncio.to_thread(self._load)
         except Exception as exc:
             self._error = f"loading failed: {exc}"
             raise
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
         self._thread.start()
+
+    def _load(self) -> LLMEngine:
+        if self.config.num_threads:
+            torch.set_num_threads(self.config.num_threads)
+        engine = LLMEngine(self.config)
+        if self.config.compile:
+            log.info("warming up (compiling the decode kernel)")
+            engine.warmup()
+        return engine
 
     async def close(self) -> None:
         if self._thread is not None:

@@ -176,6 +176,13 @@ class LLMEngine:
             output.seed = seq.extras.get("seed")
         return output
 
+    def warmup(self) -> None:
+        """Run two tiny requests so that the first client does not pay for compiling the
+        decode kernel (TGI warms up at startup too)."""
+        greedy = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+        self.generate([[1, 2, 3], [1, 2, 4]], greedy)
+        self.step_timings.clear()
+
     def generate(
         self, prompts: list[list[int]], sampling: SamplingParams | list[SamplingParams],
     ) -> list[Sequence]:
