@@ -6,9 +6,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, PositiveInt, model_validator
 
-from auth.keys import KeyOptions, KeyRecord, mint, parse_duration, parse_instant
+from auth.keys import Duration, Instant, KeyOptions, KeyRecord, mint
 from auth.limits import Limiter, Limits
 from auth.store import KeyStore
 
@@ -22,12 +22,7 @@ class KeyNotFound(LookupError):
 class NewKey(KeyOptions):
     """A create request: the options, with the expiry as `expires_at` or `expires_in`."""
 
-    expires_in: float | None = Field(None, gt=0)
-
-    @field_validator("expires_in", mode="before")
-    @classmethod
-    def _duration(cls, value: Any) -> float | None:
-        return parse_duration(value)
+    expires_in: Duration = None
 
     def options(self, now: float) -> KeyOptions:
         values = self.model_dump(exclude={"expires_in"})
@@ -47,19 +42,9 @@ class KeyChanges(BaseModel):
     tpm: PositiveInt | None = None
     parallel: PositiveInt | None = None
     budget: PositiveInt | None = None
-    budget_period: float | None = Field(None, gt=0)
-    expires_at: float | None = None
+    budget_period: Duration = None
+    expires_at: Instant = None
     disabled: bool | None = None
-
-    @field_validator("budget_period", mode="before")
-    @classmethod
-    def _period(cls, value: Any) -> float | None:
-        return parse_duration(value)
-
-    @field_validator("expires_at", mode="before")
-    @classmethod
-    def _instant(cls, value: Any) -> float | None:
-        return parse_instant(value)
 
     @model_validator(mode="after")
     def _no_null_flags(self) -> KeyChanges:

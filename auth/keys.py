@@ -12,9 +12,9 @@ import re
 import secrets
 import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PositiveInt, field_validator
 
 KEY_PREFIX = "sk-sy-"
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -61,6 +61,11 @@ def parse_instant(value: Any) -> float | None:
     return moment.timestamp()
 
 
+# "30d", "1h" or seconds; an ISO date or a Unix time. Shared by key records and updates.
+Duration = Annotated[Annotated[float, Field(gt=0)] | None, BeforeValidator(parse_duration)]
+Instant = Annotated[float | None, BeforeValidator(parse_instant)]
+
+
 class KeyOptions(BaseModel):
     """What an operator sets on a key: its models, limits, expiry and disabled flag.
 
@@ -76,19 +81,9 @@ class KeyOptions(BaseModel):
     tpm: PositiveInt | None = None
     parallel: PositiveInt | None = None
     budget: PositiveInt | None = None
-    budget_period: float | None = Field(None, gt=0)
-    expires_at: float | None = None
+    budget_period: Duration = None
+    expires_at: Instant = None
     disabled: bool = False
-
-    @field_validator("budget_period", mode="before")
-    @classmethod
-    def _period(cls, value: Any) -> float | None:
-        return parse_duration(value)
-
-    @field_validator("expires_at", mode="before")
-    @classmethod
-    def _instant(cls, value: Any) -> float | None:
-        return parse_instant(value)
 
     def expired(self, now: float | None = None) -> bool:
         return self.expires_at is not None and (now or time.time()) >= self.expires_at
