@@ -33,6 +33,7 @@ class AttentionMetadata:
     num_decode: int  # decode rows come first
     decode_block_tables: torch.Tensor | None  # [B, max_blocks] (padded with block 0)
     decode_mask: torch.Tensor | None  # [B, max_blocks*block_size] additive, float32
+    decode_spans: list[tuple[int, int]] | None  # [start, end) of the positions each attends
     prefills: list[PrefillChunk]
     compiled: bool = False  # decode through the torch.compile'd fused kernel
 
@@ -89,7 +90,7 @@ def _decode_attention(
 ) -> torch.Tensor:
     tables, mask = meta.decode_block_tables, meta.decode_mask
     if not meta.compiled:
-        return _decode_eager(q, k_cache, v_cache, tables, mask, scale)
+        return _decode_eager(q, k_cache, v_cache, tables, meta.decode_spans, scale)
     if q.shape[0] == 1:  # pad to two rows: one compiled graph serves every batch size
         q = torch.cat((q, q))
         tables = torch.cat((tables, tables))
@@ -100,18 +101,24 @@ def _decode_attention(
 
 def _decode_eager(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-    tables: torch.Tensor, mask: torch.Tensor, scale: float,
+    tables: torch.Tensor, spans: list[tuple[int, int]], scale: float,
 ) -> torch.Tensor:
-    # Fold each KV group's query heads into rows: two batched matmuls beat SDPA with
-    # enable_gqa for one query token (see shared/PERFORMANCE.md).
-    b, h, d = q.shape
-    keys = _gather(k_cache, tables)  # [B, KVH, L, D]
-    values = _gather(v_cache, tables)
-    kvh = keys.shape[1]
-    qg = q.view(b, kvh, h // kvh, d)
-    scores = torch.matmul(qg, keys.transpose(-1, -2)).float() * scale
-    probs = torch.softmax(scores + mask.view(b, 1, 1, -1), dim=-1).to(values.dtype)
-    return torch.matmul(probs, values).view(b, h, d)
+    """SDPA per sequence over exactly the positions it attends: no padding or mask, so the
+    kernel sums in the same order as transformers' decode step and the logits agree bit
+    for bit (a masked, padded tail changes SDPA's rounding by a bf16 step or so)."""
+    block_size = k_cache.shape[2]
+    out = torch.empty_like(q)
+    for i, (start, end) in enumerate(spans):
+        first, last = start // block_size, -(-end // block_size)
+        table = tables[i: i + 1, first:last]
+        span = slice(start - first * block_size, end - first * block_size)
+        keys = _gather(k_cache, table)[0, :, span]  # [KVH, L, D]
+        values = _gather(v_cache, table)[0, :, span]
+        out[i] = F.scaled_dot_product_attention(  # 4-D: SDPA's CPU flash kernel
+            q[i].view(1, -1, 1, q.shape[-1]), keys.unsqueeze(0), values.unsqueeze(0),
+            scale=scale, enable_gqa=True,
+        ).view(-1, q.shape[-1])
+    return out
 
 
 def _decode_fused(

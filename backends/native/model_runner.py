@@ -69,6 +69,7 @@ class ModelRunner:
             num_decode=len(decode),
             decode_block_tables=None,
             decode_mask=None,
+            decode_spans=None,
             prefills=prefills,
             compiled=self.compiled,
         )
@@ -88,19 +89,24 @@ class ModelRunner:
 
     def _decode_metadata(self, meta: AttentionMetadata, seqs: list[Sequence]) -> None:
         context_lens = [s.num_computed_tokens + 1 for s in seqs]
+        window = self.sliding_window or max(context_lens)
+        meta.decode_spans = [(max(0, n - window), n) for n in context_lens]
         max_blocks = max(-(-n // self.block_size) for n in context_lens)
         if self.compiled:  # at least two blocks: one compiled graph serves every length
             max_blocks = max(max_blocks, 2)
         tables = [s.block_table[:max_blocks] + [0] * (max_blocks - len(s.block_table[:max_blocks]))
                   for s in seqs]
         meta.decode_block_tables = self._tensor(tables)
-        span = torch.arange(max_blocks * self.block_size, device=self.device)
-        lens = self._tensor(context_lens).unsqueeze(1)
-        allowed = span.unsqueeze(0) < lens
-        if self.sliding_window:
-            allowed &= span.unsqueeze(0) > lens - 1 - self.sliding_window
+        if self.compiled:
+            meta.decode_mask = self._decode_mask(meta.decode_spans, max_blocks)
+
+    def _decode_mask(self, spans: list[tuple[int, int]], max_blocks: int) -> torch.Tensor:
+        """Additive [B, max_blocks * block_size] mask: 0 inside each span, -inf elsewhere."""
+        position = torch.arange(max_blocks * self.block_size, device=self.device).unsqueeze(0)
+        starts, ends = (self._tensor(list(col)).unsqueeze(1) for col in zip(*spans, strict=True))
+        allowed = (position >= starts) & (position < ends)
         mask = torch.zeros(allowed.shape, dtype=torch.float32, device=self.device)
-        meta.decode_mask = mask.masked_fill_(~allowed, float("-inf"))
+        return mask.masked_fill_(~allowed, float("-inf"))
 
     def _prefill_chunk(self, seq: Sequence, start: int, n: int) -> PrefillChunk:
         computed = seq.num_computed_tokens

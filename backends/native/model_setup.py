@@ -65,6 +65,7 @@ def load_model(config: EngineConfig) -> LoadedModel:
     tensors = checkpoint.tensors(keep_quantized=isinstance(quant, GGUFConfig))
     model.load_weights(tqdm(tensors, desc="loading weights", unit=" tensors", disable=None),
                        linears)
+    model.eval()  # the quantized modules swapped in while loading start in training mode
     tokenizer = Tokenizer.from_checkpoint(checkpoint)
     num_blocks, kv_cache = _allocate_kv_cache(config, model, max_total, device, dtype)
     weight_bytes = resident_bytes(model)
@@ -122,7 +123,7 @@ def _build(
         model.lm_head.weight = model.model.embed_tokens.weight
     # RoPE tables stay float32 (cast per step), as transformers computes them.
     model.model.rotary = Rotary(hf_config, model.head_dim, max_total).to(device)
-    return model.eval(), linears
+    return model, linears
 
 
 def _allocate_kv_cache(

@@ -60,24 +60,26 @@ def native_greedy(engine: LLMEngine, prompt: list[int], steps: int = STEPS):
 
 def cached_greedy(model, prompt: list[int], steps: int = 16):
     """transformers' own decode loop (KV cache): the same kernels per step as a server."""
-    tokens, rows, past = [], [], None
-    ids = torch.tensor([prompt])
-    with torch.no_grad():
-        for _ in range(steps):
-            out = model(input_ids=ids, past_key_values=past, use_cache=True)
-            past, row = out.past_key_values, out.logits[0, -1].float()
-            tokens.append(int(row.argmax()))
-            rows.append(row)
-            ids = torch.tensor([[tokens[-1]]])
-    return tokens, torch.stack(rows)
+    return _cached_decode(model, prompt, steps, forced=None)
 
 
 def teacher_forced_logits(model, prompt: list[int], tokens: list[int]) -> torch.Tensor:
-    """A transformers model's logits at each generation step, fed `tokens` (one forward)."""
-    ids = torch.tensor([prompt + tokens[:-1]])
+    """A transformers model's logits at each step of its KV-cache decode loop, fed `tokens`
+    instead of its own choices: the same attention kernels per step as the engine's."""
+    return _cached_decode(model, prompt, len(tokens), forced=tokens)[1]
+
+
+def _cached_decode(model, prompt: list[int], steps: int, forced: list[int] | None):
+    tokens, rows, past = [], [], None
+    ids = torch.tensor([prompt])
     with torch.no_grad():
-        logits = model(input_ids=ids).logits[0].float()
-    return logits[len(prompt) - 1:]
+        for step in range(steps):
+            out = model(input_ids=ids, past_key_values=past, use_cache=True)
+            past, row = out.past_key_values, out.logits[0, -1].float()
+            tokens.append(int(row.argmax()) if forced is None else forced[step])
+            rows.append(row)
+            ids = torch.tensor([[tokens[-1]]])
+    return tokens, torch.stack(rows)
 
 
 def assert_close_greedy(
