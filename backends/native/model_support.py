@@ -36,11 +36,9 @@ def check_supported(config: Any) -> None:
 
 
 def rope_type(config: Any) -> str:
-    """The RoPE scaling type of `config` ("default" when there is none)."""
-    scaling = getattr(config, "rope_scaling", None)
-    if not scaling:
-        return "default"
-    return str(scaling.get("rope_type") or scaling.get("type") or "default")
+    """The RoPE type of `config` ("default" when it has no scaling)."""
+    params = getattr(config, "rope_parameters", None) or {}
+    return str(params.get("rope_type") or params.get("type") or "default")
 
 
 def _check_rope_scaling(config: Any) -> None:

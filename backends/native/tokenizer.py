@@ -62,7 +62,8 @@ class Tokenizer:
             )
         try:
             ids = self.hf.apply_chat_template(
-                messages, add_generation_prompt=add_generation_prompt, tokenize=True
+                messages, add_generation_prompt=add_generation_prompt, tokenize=True,
+                return_dict=False,
             )
         except jinja2.TemplateError as exc:
             raise ChatTemplateError(f"The chat template rejected the messages: {exc}") from exc

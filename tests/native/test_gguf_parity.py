@@ -17,7 +17,9 @@ PROMPT = [{"role": "user", "content": "What is the capital of France?"}]
 def test_default_model_first_16_greedy_tokens_match_transformers(default_gguf_path: str) -> None:
     folder, name = os.path.dirname(default_gguf_path), os.path.basename(default_gguf_path)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    ids = tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True, return_tensors="pt")
+    ids = tokenizer.apply_chat_template(
+        PROMPT, add_generation_prompt=True, return_tensors="pt", return_dict=False
+    )
     reference = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     expected = reference.generate(
         ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, min_new_tokens=16,

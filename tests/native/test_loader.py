@@ -99,7 +99,10 @@ def test_bfloat16_kept_in_stored_dtype(tmp_path: Path) -> None:
 
 def test_pytorch_bin_folder(tmp_path: Path) -> None:
     config = transformers.LlamaConfig(**TINY)
-    state = save_tiny(tmp_path, config, transformers.LlamaForCausalLM, safe_serialization=False)
+    model = tiny_model(transformers.LlamaForCausalLM, config)
+    config.save_pretrained(tmp_path)  # transformers 5 saves only safetensors: write the .bin
+    state = model.state_dict()
+    torch.save(state, tmp_path / "pytorch_model.bin")
     ckpt = load_checkpoint(str(tmp_path))
     assert ckpt.format == "pytorch"
     assert_matches_state_dict(ckpt, state)
@@ -297,7 +300,7 @@ def write_gguf(
     writer.add_feed_forward_length(config.intermediate_size)
     writer.add_head_count(config.num_attention_heads)
     writer.add_head_count_kv(config.num_key_value_heads)
-    writer.add_rope_freq_base(float(config.rope_theta))
+    writer.add_rope_freq_base(float(config.rope_parameters["rope_theta"]))
     writer.add_layer_norm_rms_eps(float(config.rms_norm_eps))
     writer.add_vocab_size(config.vocab_size)
     writer.add_rope_dimension_count(config.hidden_size // config.num_attention_heads)
@@ -406,7 +409,7 @@ def test_default_gguf_config(default_gguf: Checkpoint) -> None:
     reference = transformers.AutoConfig.from_pretrained(folder, gguf_file=name)
     for key in ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
                 "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size",
-                "max_position_embeddings", "rms_norm_eps", "rope_theta", "rope_scaling",
+                "max_position_embeddings", "rms_norm_eps", "rope_parameters",
                 "tie_word_embeddings", "bos_token_id", "eos_token_id", "hidden_act"):
         assert getattr(default_gguf.config, key) == getattr(reference, key), key
     assert default_gguf.generation_eos_token_ids == [2]

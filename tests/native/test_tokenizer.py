@@ -143,7 +143,7 @@ def test_encode_chat_matches_transformers_tiny(
 ) -> None:
     reference = transformers.AutoTokenizer.from_pretrained(tiny_dir)
     expected = reference.apply_chat_template(
-        messages, add_generation_prompt=add_generation_prompt, tokenize=True
+        messages, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False
     )
     assert tiny.encode_chat(messages, add_generation_prompt=add_generation_prompt) == expected
 
@@ -154,7 +154,7 @@ def test_encode_chat_matches_transformers_default_model(
     for messages in CONVERSATIONS:
         for add in (True, False):
             expected = smol_reference.apply_chat_template(
-                messages, add_generation_prompt=add, tokenize=True
+                messages, add_generation_prompt=add, tokenize=True, return_dict=False
             )
             assert smol.encode_chat(messages, add_generation_prompt=add) == expected
 

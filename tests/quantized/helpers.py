@@ -74,8 +74,8 @@ def _cached_decode(model, prompt: list[int], steps: int, forced: list[int] | Non
     ids = torch.tensor([prompt])
     with torch.no_grad():
         for step in range(steps):
-            out = model(input_ids=ids, past_key_values=past, use_cache=True)
-            past, row = out.past_key_values, out.logits[0, -1].float()
+            out = model(input_ids=ids, cache=past, use_cache=True)
+            past, row = out.cache, out.logits[0, -1].float()
             tokens.append(int(row.argmax()) if forced is None else forced[step])
             rows.append(row)
             ids = torch.tensor([[tokens[-1]]])

@@ -1,7 +1,8 @@
-"""GPTQ (gptqmodel 7.6.0) and AWQ (autoawq) checkpoints of a tiny Llama, through the native
-engine in bf16: the reference library's 16 greedy tokens and logits (recorded beside each
-fixture by tests/fixtures/quantized/make_*.py), and a live plain dequantization of the same
-tensors run by transformers."""
+"""GPTQ (made by gptqmodel 7.6.0) and AWQ (made by autoawq) checkpoints of a tiny Llama,
+through the native engine in bf16, against: transformers + gptqmodel loading the same folder
+live, the reference library's 16 greedy tokens and logits recorded when the fixture was made
+(tests/fixtures/quantized/make_*.py), and a plain dequantization of the same tensors run by
+transformers."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from functools import partial
 from pathlib import Path
 
 import pytest
+import torch
 
 from backends.quantized.int4_linear import Int4Linear
 from backends.quantized.int8_linear import Int8Linear
@@ -17,6 +19,7 @@ from tests.quantized.helpers import (
     FIXTURES,
     LOGIT_TOLERANCE,
     assert_close_greedy,
+    cached_greedy,
     dense_linear_bytes,
     fixture_folder,
     make_engine,
@@ -52,7 +55,26 @@ def test_fixture_set_is_complete() -> None:
     assert len(GPTQ) == 6 and len(AWQ) == 3
 
 
-def test_matches_reference_library(case) -> None:
+def test_matches_transformers_and_gptqmodel_live(case) -> None:
+    """gptqmodel's plain torch kernels, as the fixtures were recorded with: its CPU auto
+    choice for per-channel asymmetric 4-bit (TorchFusedLinear, 7.6.0) decodes other tokens
+    than its own torch kernel, the recording, the native engine and a plain dequantization."""
+    pytest.importorskip("gptqmodel")
+    from transformers import AutoModelForCausalLM, AwqConfig, GPTQConfig
+
+    name, folder, _, ref, tokens, logits = case
+    bits = json.loads((folder / "config.json").read_text())["quantization_config"]["bits"]
+    kernel = (GPTQConfig(bits=bits, backend="torch") if name.startswith("gptq")
+              else AwqConfig(bits=bits, backend="torch_awq"))
+    model = AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.bfloat16, device_map="cpu", quantization_config=kernel
+    ).eval()
+    assert any("gptqmodel" in type(m).__module__ for m in model.modules()), name
+    want_tokens, want_logits = cached_greedy(model, ref["prompt"].tolist())
+    assert_close_greedy(tokens, logits, want_tokens, want_logits)
+
+
+def test_matches_reference_library_recorded(case) -> None:
     _, _, _, ref, tokens, logits = case
     assert_close_greedy(tokens, logits, ref["tokens"].tolist(), ref["logits"])
 

@@ -15,6 +15,7 @@ from transformers import PretrainedConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from backends.native.attention import AttentionMetadata, KVCache, paged_attention
+from backends.native.model_support import rope_type
 
 if TYPE_CHECKING:
     from backends.quantized.loading import QuantizedLinears
@@ -72,7 +73,7 @@ class Rotary(nn.Module):
     def __init__(self, config: PretrainedConfig, head_dim: int, max_positions: int) -> None:
         super().__init__()
         with torch.device("cpu"):  # also when the model is built on the meta device
-            inv_freq, scaling = ROPE_INIT_FUNCTIONS[_rope_type(config)](config, "cpu")
+            inv_freq, scaling = _rope_init(config, head_dim)
             positions = torch.arange(max_positions, dtype=torch.float32)
             freqs = torch.outer(positions, inv_freq.float())
             emb = torch.cat((freqs, freqs), dim=-1)
@@ -85,9 +86,13 @@ class Rotary(nn.Module):
         return cos.to(dtype).unsqueeze(1), sin.to(dtype).unsqueeze(1)
 
 
-def _rope_type(config: PretrainedConfig) -> str:
-    scaling = getattr(config, "rope_scaling", None) or {}
-    return scaling.get("rope_type", scaling.get("type", "default"))
+def _rope_init(config: PretrainedConfig, head_dim: int) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies and the cos/sin scale, as transformers computes them."""
+    kind = rope_type(config)
+    if kind != "default":
+        return ROPE_INIT_FUNCTIONS[kind](config, "cpu")
+    base = config.rope_parameters["rope_theta"]
+    return 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim)), 1.0
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
