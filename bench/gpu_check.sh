@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
-# Where a CUDA device is lent: the quantized Linears' CUDA tests, then a batch-1 GEMV timing of
-# the int4 (torch tinygemm) and int8 paths against bf16 on a 4096 x 4096 and a 14336 x 4096
-# weight. Needs torch with CUDA; bitsandbytes optional. Prints everything; exits non-zero on
-# a test failure. Usage: bash bench/gpu_check.sh [python]
+# Where a CUDA device is lent: the quantized Linears' CUDA tests (gptqmodel's kernels when
+# installed), then a batch-1 GEMV timing of the int4 (torch tinygemm) and int8 paths against
+# bf16 on a 4096 x 4096 and a 14336 x 4096 weight. Needs torch with CUDA; bitsandbytes and
+# gptqmodel optional. Prints everything; exits non-zero on a test failure.
+# Usage: bash bench/gpu_check.sh [python]
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PY="${1:-python3}"
 "$PY" -c 'import torch, sys; print("torch", torch.__version__, "cuda", torch.cuda.is_available(),
     torch.cuda.get_device_name(0) if torch.cuda.is_available() else ""); sys.exit(0)'
-"$PY" -m pytest -q -p no:cacheprovider -m gpu tests/quantized/test_cuda.py
+"$PY" -m pytest -q -p no:cacheprovider -m gpu tests/quantized/test_cuda.py -k "not gptqmodel"
 rc=$?
+# gptqmodel's CUDA kernels (optional extra; skipped when not installed) under --quantized-kernels
+# auto: prints the kernel each fixture gets. Its Marlin / ExLlamaV2 kernels JIT-compile on first
+# use, which can take minutes.
+"$PY" -m pytest -q -s -p no:cacheprovider -m gpu tests/quantized/test_cuda.py -k gptqmodel || rc=1
 "$PY" - <<'PYEOF'
 import time
 import torch

@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from backends.quantized.config import KERNEL_CHOICES
 from gateway.cli_keys import add_auth_flags, add_keys_command, run_keys
 from gateway.settings import Settings
 
@@ -56,6 +57,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="serve models over an OpenAI-compatible API")
     for flags, dest, kind, help_text in _FLAGS:
         serve.add_argument(*flags, dest=dest, type=kind, help=help_text, default=argparse.SUPPRESS)
+    serve.add_argument(
+        "--quantized-kernels", dest="quantized_kernels", choices=KERNEL_CHOICES,
+        default=argparse.SUPPRESS,
+        help="GPTQ / AWQ kernels: auto (gptqmodel's CUDA kernels when installed, else native), "
+             "native, gptqmodel (forced)",
+    )
     serve.add_argument(
         "--no-chunked-prefill", dest="chunked_prefill", action="store_false",
         default=argparse.SUPPRESS, help="prefill each prompt whole, in one step",

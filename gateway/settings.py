@@ -31,7 +31,7 @@ _ENGINE_FIELDS = (
     "dtype", "device", "max_input_tokens", "max_total_tokens", "max_batch_size",
     "max_batch_prefill_tokens", "max_batch_total_tokens", "kv_cache_memory", "block_size",
     "num_threads", "max_concurrent_requests", "waiting_served_ratio", "max_waiting_tokens",
-    "chunked_prefill", "prefix_caching", "compile", "quantize",
+    "chunked_prefill", "prefix_caching", "compile", "quantize", "quantized_kernels",
 )
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
@@ -86,6 +86,7 @@ class Settings(BaseSettings):
         "gptq", "awq", "eetq", "bitsandbytes", "bitsandbytes-nf4", "bitsandbytes-fp4", "gguf",
         "none",
     ] | None = None
+    quantized_kernels: Literal["auto", "native", "gptqmodel"] | None = None
     device: str | None = None
     max_input_tokens: PositiveInt | None = None
     max_input_length: PositiveInt | None = Field(None, exclude=True)  # TGI's old name

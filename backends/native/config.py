@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from backends.quantized.config import check_kernels_setting
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -29,3 +31,9 @@ class EngineConfig:
     # gptq | awq | gguf (as the checkpoint says), eetq | bitsandbytes[-nf4|-fp4] (at load),
     # none (dense; dequantizes a GGUF file at load); None: whatever the checkpoint holds
     quantize: str | None = None
+    # GPTQ / AWQ kernels: auto (gptqmodel's on CUDA when installed and one fits the layout,
+    # else native; native on CPU), native (backends/quantized), gptqmodel (forced, CPU too)
+    quantized_kernels: str = "auto"
+
+    def __post_init__(self) -> None:
+        check_kernels_setting(self.quantized_kernels)

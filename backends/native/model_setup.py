@@ -60,7 +60,7 @@ def load_model(config: EngineConfig) -> LoadedModel:
     max_input, max_total = resolve_limits(config, hf_config)
     quant = resolve_quantization(hf_config, checkpoint.format, config.quantize)
     model, linears = _build(hf_config, max_total, device, dtype, quant,
-                            checkpoint.quantized_lm_head)
+                            checkpoint.quantized_lm_head, config.quantized_kernels)
     log.info("reading weights (%s, %s)", checkpoint.format, dtype)
     tensors = checkpoint.tensors(keep_quantized=isinstance(quant, GGUFConfig))
     model.load_weights(tqdm(tensors, desc="loading weights", unit=" tensors", disable=None),
@@ -69,7 +69,7 @@ def load_model(config: EngineConfig) -> LoadedModel:
     tokenizer = Tokenizer.from_checkpoint(checkpoint)
     num_blocks, kv_cache = _allocate_kv_cache(config, model, max_total, device, dtype)
     weight_bytes = resident_bytes(model)
-    quantization = quant.describe() if quant else None
+    quantization = linears.description if linears else None
     log.info(
         "ready: %.1f MB of weights (%s), %d KV blocks of %d tokens",
         weight_bytes / 1e6, quantization or f"dense {dtype}", num_blocks, config.block_size,
@@ -113,11 +113,13 @@ def resolve_limits(config: EngineConfig, hf_config: PretrainedConfig) -> tuple[i
 def _build(
     hf_config: PretrainedConfig, max_total: int, device: torch.device, dtype: torch.dtype,
     quant: QuantConfig | None = None, quantized_lm_head: bool = False,
+    quantized_kernels: str = "auto",
 ) -> tuple[nn.Module, QuantizedLinears | None]:
     with torch.device("meta"):
         model = build_model(hf_config, max_total)
     # Quantized Linears are swapped for placeholders first: no dense copy is ever allocated.
-    linears = prepare_model(model, quant, device, dtype, quantized_lm_head) if quant else None
+    linears = (prepare_model(model, quant, device, dtype, quantized_lm_head, quantized_kernels)
+               if quant else None)
     model = model.to_empty(device=device).to(dtype)
     if getattr(model, "tie_word_embeddings", False) and isinstance(model.lm_head, nn.Linear):
         model.lm_head.weight = model.model.embed_tokens.weight

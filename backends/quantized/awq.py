@@ -14,6 +14,7 @@ from torch import nn
 
 from backends.quantized.affine import AffineInt4
 from backends.quantized.config import AWQConfig, QuantizationError
+from backends.quantized.gptqmodel_kernels import KernelChoice, Layout
 from backends.quantized.int4_linear import int4_kernel_name
 from backends.quantized.linear import (
     LinearSpec,
@@ -56,24 +57,39 @@ class AWQWeightsLoader:
     required = ("qweight", "qzeros", "scales")
     optional: tuple[str, ...] = ()
 
-    def __init__(self, config: AWQConfig) -> None:
+    def __init__(self, config: AWQConfig, kernels: str = "auto") -> None:
         if not config.zero_point:
             raise QuantizationError(
                 "quantization_config.zero_point=false is not supported for AWQ GEMM"
             )
         self.config = config
+        self.kernels = KernelChoice(kernels, Layout(
+            "awq", config.bits, config.group_size, sym=False, desc_act=False,
+        ))
 
     def kernel(self, device: torch.device, dtype: torch.dtype) -> str:
-        return int4_kernel_name(device)
+        return self.kernels.describe(device, dtype) or int4_kernel_name(device)
 
     def build(self, spec: LinearSpec, parts: list[Parts]) -> nn.Module:
-        weights = [
-            self.read(name, p, out, spec.in_features)
-            for name, p, out in zip(spec.checkpoint_names, parts, spec.shards, strict=True)
-        ]
-        return AWQWeight.build(spec, weights, fused_bias(spec, parts))
+        shards = list(zip(spec.checkpoint_names, parts, spec.shards, strict=True))
+        bias = fused_bias(spec, parts)
+        if self.kernels.classes(spec.device, spec.dtype) is not None:
+            for name, p, out in shards:
+                self.check(name, p, out, spec.in_features)
+            module = self.kernels.build(spec, parts, bias)
+            if module is not None:
+                return module
+        weights = [self.read(name, p, out, spec.in_features) for name, p, out in shards]
+        return AWQWeight.build(spec, weights, bias)
 
     def read(self, name: str, parts: Parts, n: int, k: int) -> AWQWeight:
+        self.check(name, parts, n, k)
+        qweight, qzeros, scales = parts["qweight"], parts["qzeros"], parts["scales"]
+        q = unpack_awq(qweight).t().contiguous()
+        zeros = unpack_awq(qzeros).float().t().contiguous()
+        return AWQWeight(q, zeros, scales.float().t().contiguous(), self.config.group_size)
+
+    def check(self, name: str, parts: Parts, n: int, k: int) -> None:
         group = self.config.group_size
         if k % group or n % 8:
             raise QuantizationError(
@@ -86,6 +102,3 @@ class AWQWeightsLoader:
         check_shape(f"{name}.qweight", qweight, (k, n // 8))
         check_shape(f"{name}.qzeros", qzeros, (k // group, n // 8))
         check_shape(f"{name}.scales", scales, (k // group, n))
-        q = unpack_awq(qweight).t().contiguous()
-        zeros = unpack_awq(qzeros).float().t().contiguous()
-        return AWQWeight(q, zeros, scales.float().t().contiguous(), group)

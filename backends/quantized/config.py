@@ -13,10 +13,21 @@ QUANTIZE_CHOICES = (
     "gptq", "awq", "eetq", "bitsandbytes", "bitsandbytes-nf4", "bitsandbytes-fp4", "gguf", "none",
 )
 AT_LOAD = ("eetq", "bitsandbytes", "bitsandbytes-nf4", "bitsandbytes-fp4")
+# --quantized-kernels: auto (gptqmodel's CUDA kernels for GPTQ / AWQ where installed and one
+# fits, else native), native (backends/quantized's torch kernels), gptqmodel (forced)
+KERNEL_CHOICES = ("auto", "native", "gptqmodel")
 
 
 class QuantizationError(ValueError):
     """A quantized checkpoint (or --quantize) that cannot be loaded; the message names why."""
+
+
+def check_kernels_setting(value: str) -> str:
+    if value not in KERNEL_CHOICES:
+        raise QuantizationError(
+            f"--quantized-kernels {value!r} is not one of {', '.join(KERNEL_CHOICES)}"
+        )
+    return value
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from torch import nn
 
 from backends.quantized.affine import AffineInt4, AffineInt8, groups_to_perm
 from backends.quantized.config import GPTQConfig, QuantizationError
+from backends.quantized.gptqmodel_kernels import KernelChoice, Layout
 from backends.quantized.int4_linear import int4_kernel_name
 from backends.quantized.int8_linear import Int8Linear, int8_kernel_name
 from backends.quantized.linear import (
@@ -65,23 +66,35 @@ class GPTQWeightsLoader:
     required = ("qweight", "qzeros", "scales")
     optional = ("g_idx",)
 
-    def __init__(self, config: GPTQConfig) -> None:
+    def __init__(self, config: GPTQConfig, kernels: str = "auto") -> None:
         self.config = config
+        self.kernels = KernelChoice(kernels, Layout(
+            "gptq", config.bits, config.group_size, config.sym, config.desc_act,
+        ))
 
     def kernel(self, device: torch.device, dtype: torch.dtype) -> str:
+        gptqmodel = self.kernels.describe(device, dtype)
+        if gptqmodel is not None:
+            return gptqmodel
         if self.config.bits == 8 and self.config.group_size == -1 and self.config.sym:
             return int8_kernel_name(device)
         halves = " (8-bit as two 4-bit halves)" if self.config.bits == 8 else ""
         return int4_kernel_name(device) + halves
 
     def build(self, spec: LinearSpec, parts: list[Parts]) -> nn.Module:
-        weights = [
-            self.read(name, p, out, spec.in_features)
-            for name, p, out in zip(spec.checkpoint_names, parts, spec.shards, strict=True)
-        ]
-        return GPTQWeight.build(spec, weights, fused_bias(spec, parts))
+        shards = list(zip(spec.checkpoint_names, parts, spec.shards, strict=True))
+        bias = fused_bias(spec, parts)
+        if self.kernels.classes(spec.device, spec.dtype) is not None:
+            for name, p, out in shards:
+                self.check(name, p, out, spec.in_features)
+            module = self.kernels.build(spec, parts, bias)
+            if module is not None:
+                return module
+        weights = [self.read(name, p, out, spec.in_features) for name, p, out in shards]
+        return GPTQWeight.build(spec, weights, bias)
 
-    def read(self, name: str, parts: Parts, n: int, k: int) -> GPTQWeight:
+    def check(self, name: str, parts: Parts, n: int, k: int) -> torch.Tensor | None:
+        """Checks one shard's tensors; returns its act-order column permutation, if any."""
         bits, group = self.config.bits, self.config.group_size
         group = k if group == -1 else group
         if k % group:
@@ -95,7 +108,13 @@ class GPTQWeightsLoader:
         check_shape(f"{name}.qweight", qweight, (k // per_int, n))
         check_shape(f"{name}.qzeros", qzeros, (groups, -(-n // per_int)))
         check_shape(f"{name}.scales", scales, (groups, n))
-        perm = self._perm(name, parts.get("g_idx"), k, group, groups)
+        return self._perm(name, parts.get("g_idx"), k, group, groups)
+
+    def read(self, name: str, parts: Parts, n: int, k: int) -> GPTQWeight:
+        perm = self.check(name, parts, n, k)
+        bits, group = self.config.bits, self.config.group_size
+        group = k if group == -1 else group
+        qweight, qzeros, scales = parts["qweight"], parts["qzeros"], parts["scales"]
         q = unpack_rows(qweight, bits).t()  # [N, K]
         if perm is not None:
             q = q[:, perm]

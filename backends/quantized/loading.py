@@ -23,6 +23,7 @@ from backends.quantized.config import (
     GPTQConfig,
     QuantConfig,
     QuantizationError,
+    check_kernels_setting,
 )
 from backends.quantized.eetq import EETQWeightsLoader
 from backends.quantized.gptq import GPTQWeightsLoader
@@ -32,11 +33,14 @@ log = logging.getLogger(__name__)
 _MAX_SUFFIX_DEPTH = 3  # "weight.quant_state.bitsandbytes__nf4" is 3 components deep
 
 
-def weights_loader(config: QuantConfig) -> WeightsLoader:
+def weights_loader(config: QuantConfig, kernels: str = "auto") -> WeightsLoader:
+    """`kernels` (--quantized-kernels) chooses between gptqmodel's and the native kernels for
+    GPTQ / AWQ; the other formats have one set of kernels each."""
+    check_kernels_setting(kernels)
     if isinstance(config, GPTQConfig):
-        return GPTQWeightsLoader(config)
+        return GPTQWeightsLoader(config, kernels)
     if isinstance(config, AWQConfig):
-        return AWQWeightsLoader(config)
+        return AWQWeightsLoader(config, kernels)
     if isinstance(config, EETQConfig):
         return EETQWeightsLoader(config)
     if isinstance(config, BnbConfig):
@@ -53,9 +57,10 @@ def weights_loader(config: QuantConfig) -> WeightsLoader:
 class QuantizedLinears:
     def __init__(
         self, model: nn.Module, loader: WeightsLoader, specs: list[LinearSpec],
-        skip: frozenset[str] = frozenset(),
+        skip: frozenset[str] = frozenset(), description: str = "",
     ) -> None:
         self.model = model
+        self.description = description or loader.method  # LoadedModel.quantization
         self.skip = skip  # checkpoint tensors with no place left (a packed tied embedding)
         self.loader = loader
         self.specs = {spec.name: spec for spec in specs}
@@ -138,11 +143,13 @@ class QuantizedLinears:
 
 def prepare_model(
     model: nn.Module, config: QuantConfig, device: torch.device, dtype: torch.dtype,
-    quantized_lm_head: bool = False,
+    quantized_lm_head: bool = False, quantized_kernels: str = "auto",
 ) -> QuantizedLinears:
     """Replace the model's quantizable Linears by placeholders; call before materializing.
-    `quantized_lm_head`: the lm_head too (GGUF files whose output tensor stays packed)."""
-    loader = weights_loader(config)
+    `quantized_lm_head`: the lm_head too (GGUF files whose output tensor stays packed).
+    `quantized_kernels`: --quantized-kernels (auto | native | gptqmodel)."""
+    loader = weights_loader(config, quantized_kernels)
+    kernel = loader.kernel(device, dtype)  # a forced kernel that cannot be had fails here
     lm_head = quantized_lm_head and isinstance(config, GGUFConfig)
     targets = model.quantizable_linears(include_lm_head=lm_head)
     specs = []
@@ -157,9 +164,12 @@ def prepare_model(
         parent_name, _, attr = name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, attr,
                 PendingLinear(spec))
-    log.info("quantization: %s; kernel: %s", config.describe(), loader.kernel(device, dtype))
+    log.info("quantization: %s; kernel: %s", config.describe(), kernel)
+    # /info names the kernel where --quantized-kernels chooses it (GPTQ, AWQ)
+    chosen = isinstance(config, GPTQConfig | AWQConfig)
+    description = config.describe() + (f"; kernel: {kernel}" if chosen else "")
     skip = _pack_tied_embedding(model, device) if lm_head else frozenset()
-    return QuantizedLinears(model, loader, specs, skip)
+    return QuantizedLinears(model, loader, specs, skip, description)
 
 
 def _pack_tied_embedding(model: nn.Module, device: torch.device) -> frozenset[str]:

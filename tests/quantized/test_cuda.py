@@ -1,8 +1,11 @@
 """CUDA paths of the quantized Linears (torch tinygemm int4, int8 widen / eetq, bitsandbytes),
-against float32 matmuls of the same dequantized weights. Run by bench/gpu_check.sh where a
-GPU is lent; skipped elsewhere."""
+against float32 matmuls of the same dequantized weights; gptqmodel's CUDA kernels chosen by
+`--quantized-kernels auto` on the GPTQ / AWQ fixtures, against their recorded references. Run
+by bench/gpu_check.sh where a GPU is lent; skipped elsewhere."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,7 +14,15 @@ from backends.quantized.affine import AffineInt4, AffineInt8
 from backends.quantized.config import BnbConfig
 from backends.quantized.int4_linear import Int4Linear
 from backends.quantized.int8_linear import Int8Linear, quantize_per_channel
-from backends.quantized.linear import LinearSpec
+from backends.quantized.linear import LinearSpec, ShardedLinear
+from tests.quantized.helpers import (
+    FIXTURES,
+    assert_close_greedy,
+    fixture_folder,
+    make_engine,
+    native_greedy,
+    reference,
+)
 
 pytestmark = [
     pytest.mark.gpu,
@@ -84,3 +95,25 @@ def test_bitsandbytes(kind: str) -> None:
     x = torch.randn(4, 512)
     got = module(x.to(CUDA, torch.float16)).float().cpu()
     assert (got - x @ w.t()).abs().max() <= 0.15 * (x @ w.t()).abs().max()
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in FIXTURES.glob("*-w4-*")))
+def test_auto_picks_a_gptqmodel_cuda_kernel(name: str, tokenizer_dir: Path, tmp_path: Path) -> None:
+    """`auto` on CUDA: gptqmodel's fastest kernel that takes the layout (Marlin / Machete /
+    ExLlamaV2 for GPTQ, Marlin / GEMM / ExLlamaV2 for AWQ), never its generic torch ones."""
+    pytest.importorskip("gptqmodel")
+    from gptqmodel.models._const import DEVICE
+
+    engine = make_engine(fixture_folder(name, tokenizer_dir, tmp_path), device="cuda")
+    model = engine.loaded.model
+    kernels = set()
+    for linear in model.quantizable_linears():
+        module = model.get_submodule(linear)
+        for part in module.parts if isinstance(module, ShardedLinear) else [module]:
+            assert DEVICE.CUDA in type(part.qlinear).SUPPORTS_DEVICES, part.kernel
+            kernels.add(part.kernel)
+    print(f"{name}: {engine.loaded.quantization}; linears: {sorted(kernels)}")
+    assert "kernel: gptqmodel " in engine.loaded.quantization
+    ref = reference(name)
+    assert_close_greedy(*native_greedy(engine, ref["prompt"].tolist()),
+                        ref["tokens"].tolist(), ref["logits"])
