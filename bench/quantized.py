@@ -1,6 +1,8 @@
 """Quantized weights, side by side in one run: batch-1 decode tokens/s and W1 throughput of
 the ~125M random Llama in bf16, GPTQ 4-bit, AWQ 4-bit, EETQ int8 and bitsandbytes nf4, then
-the default model (GGUF Q4_1) kept quantized vs dequantized at load.
+the default model (GGUF Q4_1) kept quantized vs dequantized at load. `gptq-gptqmodel` and
+`awq-gptqmodel` run the same GPTQ / AWQ checkpoints on the kernels gptqmodel picks for this
+device (`--quantized-kernels gptqmodel`), next to the native ones.
 
 Batch-1 decode: one 32-token prompt, 64 greedy new tokens; tokens/s over the decode steps
 (the prefill step excluded), after a warm-up request. W1: as bench/w1.py (64 requests x 128
@@ -9,7 +11,7 @@ checkpoints are the bf16 model packed by round-to-nearest (bench/quant_checkpoin
 format, not the rounding algorithm, decides speed.
 
     .venv/bin/python -m bench.quantized [--threads 2] [--bind] [--w1-requests 64]
-        [--only bf16,gptq,awq,eetq,nf4,gguf] [--skip-w1]
+        [--only bf16,gptq,awq,eetq,nf4,gguf,gptq-gptqmodel,awq-gptqmodel] [--skip-w1]
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ if __package__ in (None, ""):  # run as a file: make `bench` importable
 
 from bench.common import LLAMA_125M, configure_threads, random_prompts  # noqa: E402
 
-VARIANTS = ("bf16", "gptq", "awq", "eetq", "nf4", "gguf")
+VARIANTS = ("bf16", "gptq", "awq", "eetq", "nf4", "gguf", "gptq-gptqmodel", "awq-gptqmodel")
+MODEL_VARIANTS = ("bf16", "gptq", "gptq-gptqmodel", "awq", "awq-gptqmodel", "eetq", "nf4")
 B1_PROMPT, B1_TOKENS = 32, 64
 
 
@@ -56,14 +59,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def make_engine(model: str, threads: int, quantize: str | None, batch: int):
+def make_engine(model: str, threads: int, quantize: str | None, batch: int, kernels: str):
     from backends.native.config import EngineConfig
     from backends.native.engine import LLMEngine
 
     return LLMEngine(EngineConfig(
         model=model, dtype="bfloat16", max_total_tokens=256, max_batch_size=batch,
         max_batch_prefill_tokens=max(batch * 128, 256), num_threads=threads, quantize=quantize,
-        prefix_caching=False,
+        prefix_caching=False, quantized_kernels=kernels,
     ))
 
 
@@ -94,9 +97,11 @@ def w1(engine, prompts: list[list[int]], new_tokens: int) -> float:
     return sum(len(s.output_token_ids) for s in seqs) / seconds
 
 
-def measure(name: str, model: str, quantize: str | None, args, prompts) -> Figures:
+def measure(
+    name: str, model: str, quantize: str | None, args, prompts, kernels: str = "native"
+) -> Figures:
     print(f"-- {name}: loading", flush=True)
-    engine = make_engine(model, args.threads, quantize, len(prompts))
+    engine = make_engine(model, args.threads, quantize, len(prompts), kernels)
     decode, outputs = batch1_decode(engine, prompts[0][:B1_PROMPT])
     throughput = None if args.skip_w1 else w1(engine, prompts, args.new_tokens)
     figures = Figures(name, engine.loaded.weight_bytes / 1e6, decode, throughput, outputs)
@@ -104,19 +109,20 @@ def measure(name: str, model: str, quantize: str | None, args, prompts) -> Figur
     return figures
 
 
-def checkpoints(tmp: Path, wanted: set[str]) -> dict[str, tuple[str, str | None]]:
-    """variant -> (model path, --quantize)."""
+def checkpoints(tmp: Path, wanted: set[str]) -> dict[str, tuple[str, str | None, str]]:
+    """variant -> (model path, --quantize, --quantized-kernels)."""
     from bench.common import write_random_llama
     from bench.quant_checkpoints import write_quantized
 
     dense = write_random_llama(tmp / "bf16")
-    table: dict[str, tuple[str, str | None]] = {"bf16": (str(dense), None)}
-    if "gptq" in wanted:
-        table["gptq"] = (str(write_quantized(dense, tmp / "gptq", "gptq")), None)
-    if "awq" in wanted:
-        table["awq"] = (str(write_quantized(dense, tmp / "awq", "awq")), None)
-    table["eetq"] = (str(dense), "eetq")
-    table["nf4"] = (str(dense), "bitsandbytes-nf4")
+    table: dict[str, tuple[str, str | None, str]] = {"bf16": (str(dense), None, "native")}
+    for method in ("gptq", "awq"):
+        if {method, f"{method}-gptqmodel"} & wanted:
+            path = str(write_quantized(dense, tmp / method, method))
+            table[method] = (path, None, "native")
+            table[f"{method}-gptqmodel"] = (path, None, "gptqmodel")
+    table["eetq"] = (str(dense), "eetq", "native")
+    table["nf4"] = (str(dense), "bitsandbytes-nf4", "native")
     return table
 
 
@@ -136,9 +142,10 @@ def main(argv: list[str] | None = None) -> None:
     results: dict[str, Figures] = {}
     with tempfile.TemporaryDirectory(prefix="bench-q-") as tmp:
         table = checkpoints(Path(tmp), wanted)
-        for name in ("bf16", "gptq", "awq", "eetq", "nf4"):
+        for name in MODEL_VARIANTS:
             if name in wanted:
-                results[name] = measure(name, *table[name], args, prompts)
+                path, quantize, kernels = table[name]
+                results[name] = measure(name, path, quantize, args, prompts, kernels)
     gguf: dict[str, Figures] = {}
     if "gguf" in wanted:
         gguf_prompts = random_prompts(args.w1_requests, 128, 49152, seed=0)
