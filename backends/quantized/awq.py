@@ -71,14 +71,11 @@ class AWQWeightsLoader:
         return self.kernels.describe(device, dtype) or int4_kernel_name(device)
 
     def build(self, spec: LinearSpec, parts: list[Parts]) -> nn.Module:
-        shards = list(zip(spec.checkpoint_names, parts, spec.shards, strict=True))
         bias = fused_bias(spec, parts)
-        if self.kernels.classes(spec.device, spec.dtype) is not None:
-            for name, p, out in shards:
-                self.check(name, p, out, spec.in_features)
-            module = self.kernels.build(spec, parts, bias)
-            if module is not None:
-                return module
+        module = self.kernels.build_checked(spec, parts, bias, self.check)
+        if module is not None:
+            return module
+        shards = zip(spec.checkpoint_names, parts, spec.shards, strict=True)
         weights = [self.read(name, p, out, spec.in_features) for name, p, out in shards]
         return AWQWeight.build(spec, weights, bias)
 

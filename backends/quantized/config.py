@@ -6,7 +6,8 @@ Every check that can fail on a checkpoint's declaration fails here, naming the f
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 QUANTIZE_CHOICES = (
@@ -36,13 +37,26 @@ class GPTQConfig:
     group_size: int  # -1: one group over all input features
     sym: bool
     desc_act: bool
+    lm_head: bool = False  # the lm_head is quantized too (gptqmodel's `lm_head=True`)
+    # gptqmodel's `dynamic`: (pattern, overrides) in order, the first re.match wins;
+    # overrides None: the module is not quantized ("-:pattern")
+    dynamic: tuple[tuple[str, tuple[tuple[str, Any], ...] | None], ...] = ()
     method: Literal["gptq"] = "gptq"
 
     def describe(self) -> str:
         group = "per-channel" if self.group_size == -1 else f"group {self.group_size}"
         kind = "sym" if self.sym else "asym"
         order = ", desc_act" if self.desc_act else ""
-        return f"gptq {self.bits}-bit {group} {kind}{order}"
+        head = ", lm_head" if self.lm_head else ""
+        rules = f", per-module rules: {len(self.dynamic)}" if self.dynamic else ""
+        return f"gptq {self.bits}-bit {group} {kind}{order}{head}{rules}"
+
+    def for_module(self, name: str) -> GPTQConfig | None:
+        """The layout of checkpoint module `name` (None: it is not quantized)."""
+        for pattern, overrides in self.dynamic:
+            if re.match(pattern, name):
+                return None if overrides is None else replace(self, dynamic=(), **dict(overrides))
+        return replace(self, dynamic=()) if self.dynamic else self
 
 
 @dataclass(frozen=True)
@@ -175,11 +189,52 @@ def _gptq(qc: dict[str, Any]) -> GPTQConfig:
             "(only GPTQ v1 checkpoints, checkpoint_format 'gptq')"
         )
     return GPTQConfig(
-        bits=_int_field(qc, "bits", (4, 8), "gptq"),
-        group_size=_int_field(qc, "group_size", (-1, 32, 64, 128, 256), "gptq"),
+        bits=_int_field(qc, "bits", _GPTQ_BITS, "gptq"),
+        group_size=_int_field(qc, "group_size", _GPTQ_GROUPS, "gptq"),
         sym=bool(qc.get("sym", True)),
         desc_act=bool(qc.get("desc_act", False)),
+        lm_head=bool(qc.get("lm_head", False)),
+        dynamic=_dynamic(qc.get("dynamic") or {}),
     )
+
+
+_GPTQ_BITS, _GPTQ_GROUPS = (4, 8), (-1, 32, 64, 128, 256)
+
+
+def _dynamic(rules: Any) -> tuple[tuple[str, tuple[tuple[str, Any], ...] | None], ...]:
+    """gptqmodel's per-module overrides: {"[+:|-:]regex": {"bits": 8, ...}}, in order."""
+    if not isinstance(rules, dict):
+        raise QuantizationError(f"quantization_config.dynamic is not a mapping: {rules!r}")
+    parsed = []
+    for key, overrides in rules.items():
+        pattern = key[2:] if key.startswith(("+:", "-:")) else key
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise QuantizationError(
+                f"quantization_config.dynamic: bad pattern {key!r} ({exc})") from None
+        if key.startswith("-:"):
+            parsed.append((pattern, None))
+            continue
+        if not isinstance(overrides, dict):
+            raise QuantizationError(f"quantization_config.dynamic[{key!r}] is not a mapping")
+        parsed.append((pattern, _dynamic_overrides(key, overrides)))
+    return tuple(parsed)
+
+
+def _dynamic_overrides(key: str, overrides: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """The layout fields of one rule (others, such as gptqmodel's `mse`, only shaped the
+    quantization and do not change how the tensors are read)."""
+    where = f"dynamic[{key!r}]"
+    fields: dict[str, Any] = {}
+    if "bits" in overrides:
+        fields["bits"] = _int_field(overrides, "bits", _GPTQ_BITS, f"gptq {where}")
+    if "group_size" in overrides:
+        fields["group_size"] = _int_field(overrides, "group_size", _GPTQ_GROUPS, f"gptq {where}")
+    for flag in ("sym", "desc_act"):
+        if flag in overrides:
+            fields[flag] = bool(overrides[flag])
+    return tuple(sorted(fields.items()))
 
 
 def _awq(qc: dict[str, Any]) -> AWQConfig:

@@ -8,7 +8,7 @@ monotonic). v1 stores each zero point minus one: w = scales[g] * (q - (qzeros[g]
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -49,16 +49,19 @@ class GPTQWeight:
     def affine8(self) -> AffineInt8:
         return AffineInt8(self.q, self.scales, self.zeros, self.group_size, self.perm)
 
+    def as_int4(self) -> AffineInt4:
+        """4-bit as it is, 8-bit as two exact 4-bit halves."""
+        return self.affine4() if self.bits == 4 else self.affine8().as_int4_halves()
+
     @staticmethod
     def build(spec: LinearSpec, weights: list[GPTQWeight], bias: torch.Tensor | None) -> nn.Module:
-        if weights[0].bits == 4:
-            return build_int4(spec, [w.affine4() for w in weights], bias)
-        eights = [w.affine8() for w in weights]
-        if all(w.symmetric_per_channel() and w.perm is None for w in eights):
-            q = torch.cat([(w.q.to(torch.int16) - 128).to(torch.int8) for w in eights])
-            scale = torch.cat([w.scale[:, 0] for w in eights])
-            return Int8Linear(q, scale, bias, spec.device, spec.dtype, spec.shards)
-        return build_int4(spec, [w.as_int4_halves() for w in eights], bias)
+        if all(w.bits == 8 for w in weights):
+            eights = [w.affine8() for w in weights]
+            if all(w.symmetric_per_channel() and w.perm is None for w in eights):
+                q = torch.cat([(w.q.to(torch.int16) - 128).to(torch.int8) for w in eights])
+                scale = torch.cat([w.scale[:, 0] for w in eights])
+                return Int8Linear(q, scale, bias, spec.device, spec.dtype, spec.shards)
+        return build_int4(spec, [w.as_int4() for w in weights], bias)
 
 
 class GPTQWeightsLoader:
@@ -68,35 +71,49 @@ class GPTQWeightsLoader:
 
     def __init__(self, config: GPTQConfig, kernels: str = "auto") -> None:
         self.config = config
-        self.kernels = KernelChoice(kernels, Layout(
-            "gptq", config.bits, config.group_size, config.sym, config.desc_act,
-        ))
+        self.kernels_setting = kernels
+        self._choices: dict[GPTQConfig, KernelChoice] = {}
+
+    def choice(self, config: GPTQConfig) -> KernelChoice:
+        """The kernel choice for one layout (per-module overrides may add layouts)."""
+        if config not in self._choices:
+            self._choices[config] = KernelChoice(self.kernels_setting, Layout(
+                "gptq", config.bits, config.group_size, config.sym, config.desc_act,
+            ))
+        return self._choices[config]
 
     def kernel(self, device: torch.device, dtype: torch.dtype) -> str:
-        gptqmodel = self.kernels.describe(device, dtype)
+        config = replace(self.config, dynamic=())  # the layout without per-module overrides
+        gptqmodel = self.choice(config).describe(device, dtype)
         if gptqmodel is not None:
             return gptqmodel
-        if self.config.bits == 8 and self.config.group_size == -1 and self.config.sym:
+        if config.bits == 8 and config.group_size == -1 and config.sym:
             return int8_kernel_name(device)
-        halves = " (8-bit as two 4-bit halves)" if self.config.bits == 8 else ""
+        halves = " (8-bit as two 4-bit halves)" if config.bits == 8 else ""
         return int4_kernel_name(device) + halves
 
     def build(self, spec: LinearSpec, parts: list[Parts]) -> nn.Module:
-        shards = list(zip(spec.checkpoint_names, parts, spec.shards, strict=True))
         bias = fused_bias(spec, parts)
-        if self.kernels.classes(spec.device, spec.dtype) is not None:
-            for name, p, out in shards:
-                self.check(name, p, out, spec.in_features)
-            module = self.kernels.build(spec, parts, bias)
+        layouts = {self.layout(name) for name in spec.checkpoint_names}
+        if len(layouts) == 1:  # shards with different overrides run the native kernels
+            module = self.choice(layouts.pop()).build_checked(spec, parts, bias, self.check)
             if module is not None:
                 return module
+        shards = zip(spec.checkpoint_names, parts, spec.shards, strict=True)
         weights = [self.read(name, p, out, spec.in_features) for name, p, out in shards]
         return GPTQWeight.build(spec, weights, bias)
 
+    def layout(self, name: str) -> GPTQConfig:
+        config = self.config.for_module(name)
+        if config is None:
+            raise QuantizationError(f"{name}: the checkpoint's dynamic rules leave it unquantized, "
+                                    "but it is fused with quantized projections")
+        return config
+
     def check(self, name: str, parts: Parts, n: int, k: int) -> torch.Tensor | None:
         """Checks one shard's tensors; returns its act-order column permutation, if any."""
-        bits, group = self.config.bits, self.config.group_size
-        group = k if group == -1 else group
+        config = self.layout(name)
+        bits, group = config.bits, (k if config.group_size == -1 else config.group_size)
         if k % group:
             raise QuantizationError(f"{name}: in_features {k} is not a multiple of group_size "
                                     f"{group}")
@@ -108,12 +125,12 @@ class GPTQWeightsLoader:
         check_shape(f"{name}.qweight", qweight, (k // per_int, n))
         check_shape(f"{name}.qzeros", qzeros, (groups, -(-n // per_int)))
         check_shape(f"{name}.scales", scales, (groups, n))
-        return self._perm(name, parts.get("g_idx"), k, group, groups)
+        return self._perm(name, parts.get("g_idx"), k, group, groups, config.desc_act)
 
     def read(self, name: str, parts: Parts, n: int, k: int) -> GPTQWeight:
         perm = self.check(name, parts, n, k)
-        bits, group = self.config.bits, self.config.group_size
-        group = k if group == -1 else group
+        config = self.layout(name)
+        bits, group = config.bits, (k if config.group_size == -1 else config.group_size)
         qweight, qzeros, scales = parts["qweight"], parts["qzeros"], parts["scales"]
         q = unpack_rows(qweight, bits).t()  # [N, K]
         if perm is not None:
@@ -123,10 +140,11 @@ class GPTQWeightsLoader:
                           group, perm, bits)
 
     def _perm(
-        self, name: str, g_idx: torch.Tensor | None, k: int, group: int, groups: int
+        self, name: str, g_idx: torch.Tensor | None, k: int, group: int, groups: int,
+        desc_act: bool,
     ) -> torch.Tensor | None:
         if g_idx is None:
-            if self.config.desc_act:
+            if desc_act:
                 raise QuantizationError(f"checkpoint lacks tensor {name}.g_idx (desc_act=true)")
             return None
         check_shape(f"{name}.g_idx", g_idx, (k,))

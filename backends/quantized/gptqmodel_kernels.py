@@ -14,6 +14,7 @@ import functools
 import inspect
 import logging
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -126,6 +127,18 @@ class KernelChoice:
     def describe(self, device: torch.device, dtype: torch.dtype) -> str | None:
         classes = self.classes(device, dtype)
         return None if classes is None else f"gptqmodel {classes[0].__name__}"
+
+    def build_checked(
+        self, spec: LinearSpec, parts: list[Parts], bias: torch.Tensor | None,
+        check: Callable[[str, Parts, int, int], object],
+    ) -> nn.Module | None:
+        """`build`, after `check(name, parts, out_features, in_features)` passed each shard
+        (only when gptqmodel's kernels are chosen: the native path checks as it reads)."""
+        if self.classes(spec.device, spec.dtype) is None:
+            return None
+        for name, shard, out in zip(spec.checkpoint_names, parts, spec.shards, strict=True):
+            check(name, shard, out, spec.in_features)
+        return self.build(spec, parts, bias)
 
     def build(self, spec: LinearSpec, parts: list[Parts], bias: torch.Tensor | None
               ) -> nn.Module | None:

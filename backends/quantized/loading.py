@@ -150,8 +150,11 @@ def prepare_model(
     `quantized_kernels`: --quantized-kernels (auto | native | gptqmodel)."""
     loader = weights_loader(config, quantized_kernels)
     kernel = loader.kernel(device, dtype)  # a forced kernel that cannot be had fails here
-    lm_head = quantized_lm_head and isinstance(config, GGUFConfig)
-    targets = model.quantizable_linears(include_lm_head=lm_head)
+    packed_gguf_head = quantized_lm_head and isinstance(config, GGUFConfig)
+    gptq_head = isinstance(config, GPTQConfig) and config.lm_head
+    targets = model.quantizable_linears(include_lm_head=packed_gguf_head or gptq_head)
+    if isinstance(config, GPTQConfig) and config.dynamic:
+        targets = _gptq_quantized(targets, config)
     specs = []
     for name, checkpoint_names in targets.items():
         module = model.get_submodule(name)
@@ -168,8 +171,25 @@ def prepare_model(
     # /info names the kernel where --quantized-kernels chooses it (GPTQ, AWQ)
     chosen = isinstance(config, GPTQConfig | AWQConfig)
     description = config.describe() + (f"; kernel: {kernel}" if chosen else "")
-    skip = _pack_tied_embedding(model, device) if lm_head else frozenset()
+    # A GPTQ checkpoint keeps its (tied) embedding dense beside the quantized lm_head.
+    skip = _pack_tied_embedding(model, device) if packed_gguf_head else frozenset()
     return QuantizedLinears(model, loader, specs, skip, description)
+
+
+def _gptq_quantized(targets: dict[str, list[str]], config: GPTQConfig) -> dict[str, list[str]]:
+    """The Linears the checkpoint's dynamic rules quantize (the others load dense)."""
+    kept = {}
+    for name, prefixes in targets.items():
+        skipped = [config.for_module(prefix) is None for prefix in prefixes]
+        if all(skipped):
+            continue
+        if any(skipped):
+            raise QuantizationError(
+                f"{name}: quantization_config.dynamic leaves some of {', '.join(prefixes)} "
+                "unquantized; the engine runs them as one fused Linear"
+            )
+        kept[name] = prefixes
+    return kept
 
 
 def _pack_tied_embedding(model: nn.Module, device: torch.device) -> frozenset[str]:

@@ -54,7 +54,11 @@ def dense_model(folder: Path, dequantize) -> LlamaForCausalLM:
         for block, names in (("self_attn", LINEARS[:4]), ("mlp", LINEARS[4:])):
             for name in names:
                 prefix = f"model.layers.{layer}.{block}.{name}"
-                state[f"{prefix}.weight"] = dequantize(tensors, prefix)
+                dense = tensors.get(f"{prefix}.weight")  # left unquantized by the checkpoint
+                state[f"{prefix}.weight"] = dequantize(tensors, prefix) if dense is None else dense
+    if "lm_head.qweight" in tensors:  # GPTQ with a quantized lm_head
+        state = {k: v for k, v in state.items() if not k.startswith("lm_head.")}
+        state["lm_head.weight"] = dequantize(tensors, "lm_head")
     model = LlamaForCausalLM(config)
     model.load_state_dict(state, strict=True)
     return model.to(torch.bfloat16).eval()

@@ -37,7 +37,11 @@ AWQ = sorted(p.name for p in FIXTURES.glob("awq-*"))
 def _dequantizer(name: str):
     qc = json.loads((FIXTURES / name / "config.json").read_text())["quantization_config"]
     if name.startswith("gptq"):
-        return partial(gptq_dense, bits=qc["bits"])
+        # gptqmodel writes a quantized lm_head's own layout as a literal "lm_head" rule
+        head_bits = (qc.get("dynamic") or {}).get("lm_head", {}).get("bits", qc["bits"])
+        return lambda t, prefix: gptq_dense(
+            t, prefix, bits=head_bits if prefix == "lm_head" else qc["bits"]
+        )
     return partial(awq_dense, group=qc.get("group_size", qc.get("q_group_size")))
 
 
@@ -52,7 +56,7 @@ def case(request, tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory)
 
 
 def test_fixture_set_is_complete() -> None:
-    assert len(GPTQ) == 6 and len(AWQ) == 3
+    assert len(GPTQ) == 7 and len(AWQ) == 3
 
 
 def test_matches_transformers_and_gptqmodel_live(case) -> None:
@@ -60,18 +64,32 @@ def test_matches_transformers_and_gptqmodel_live(case) -> None:
     choice for per-channel asymmetric 4-bit (TorchFusedLinear, 7.6.0) decodes other tokens
     than its own torch kernel, the recording, the native engine and a plain dequantization."""
     pytest.importorskip("gptqmodel")
-    from transformers import AutoModelForCausalLM, AwqConfig, GPTQConfig
-
     name, folder, _, ref, tokens, logits = case
-    bits = json.loads((folder / "config.json").read_text())["quantization_config"]["bits"]
-    kernel = (GPTQConfig(bits=bits, backend="torch") if name.startswith("gptq")
-              else AwqConfig(bits=bits, backend="torch_awq"))
-    model = AutoModelForCausalLM.from_pretrained(
-        folder, dtype=torch.bfloat16, device_map="cpu", quantization_config=kernel
-    ).eval()
+    qc = json.loads((folder / "config.json").read_text())["quantization_config"]
+    model = (_gptqmodel_loaded(folder) if qc.get("lm_head")
+             else _transformers_loaded(folder, name, qc["bits"]))
     assert any("gptqmodel" in type(m).__module__ for m in model.modules()), name
+    assert "gptqmodel" in type(model.lm_head).__module__ or not qc.get("lm_head")
     want_tokens, want_logits = cached_greedy(model, ref["prompt"].tolist())
     assert_close_greedy(tokens, logits, want_tokens, want_logits)
+
+
+def _transformers_loaded(folder: Path, name: str, bits: int):
+    from transformers import AutoModelForCausalLM, AwqConfig, GPTQConfig
+
+    kernel = (GPTQConfig(bits=bits, backend="torch") if name.startswith("gptq")
+              else AwqConfig(bits=bits, backend="torch_awq"))
+    return AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.bfloat16, device_map="cpu", quantization_config=kernel
+    ).eval()
+
+
+def _gptqmodel_loaded(folder: Path):
+    """gptqmodel's own loader: transformers 5.24 leaves a quantized lm_head unloaded (random)."""
+    from gptqmodel import BACKEND, GPTQModel
+
+    return GPTQModel.load(str(folder), backend=BACKEND.TORCH, device="cpu",
+                          dtype=torch.bfloat16).model.eval()
 
 
 def test_matches_reference_library_recorded(case) -> None:
