@@ -16,16 +16,18 @@ from auth.access import AccessPolicy
 from auth.factory import build_access
 from backends.base import Backend
 from backends.registry import create_backend
+from gateway.admin.routes import router as admin_router
 from gateway.errors import install_error_handlers
 from gateway.generation import ClientDisconnected
 from gateway.metrics import GatewayMetrics
 from gateway.middleware import CLIENT_CLOSED, MetricsMiddleware, set_status_label
+from gateway.openai.models import router as models_router
+from gateway.openai.routes import router as openai_router
 from gateway.response_headers import ResponseHeadersMiddleware
-from gateway.routes_admin import router as admin_router
-from gateway.routes_openai import router as openai_router
-from gateway.routes_tgi import router as tgi_router
+from gateway.service_routes import router as service_router
 from gateway.settings import Settings
 from gateway.state import GatewayState
+from gateway.tgi.routes import router as tgi_router
 from routing.registry import ModelRegistry
 
 log = logging.getLogger("switchyard.gateway")
@@ -141,7 +143,9 @@ def create_app(
     app.add_exception_handler(ClientDisconnected, _client_disconnected)
     app.add_middleware(ResponseHeadersMiddleware)
     app.add_middleware(MetricsMiddleware, metrics=state.metrics)
+    app.include_router(service_router)
     app.include_router(openai_router)
+    app.include_router(models_router)
     app.include_router(admin_router)
     app.include_router(tgi_router)
     return app

@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from backends.quantized.config import KERNEL_CHOICES
-from gateway.cli_keys import add_auth_flags, add_keys_command, run_keys
+from gateway.admin.cli_keys import add_auth_flags, add_keys_command, run_keys
 from gateway.settings import Settings
 
 # (flags, settings field, type, help)

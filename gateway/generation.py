@@ -21,7 +21,7 @@ from starlette.types import Receive
 from backends.base import Backend, GenerationEvent, GenerationRequest, TokenInfo, Usage
 from gateway.errors import OpenAIError, internal_error, to_openai_error
 from gateway.metrics import GenerationTrace
-from gateway.responses import Formatter
+from gateway.openai.responses import Formatter
 
 log = logging.getLogger("switchyard.gateway")
 T = TypeVar("T")

@@ -17,7 +17,7 @@ from backends.native.backend import NativeBackend
 from backends.native.config import EngineConfig
 from gateway.app import create_app
 from gateway.settings import Settings
-from gateway.tgi_requests import parse_request, plan
+from gateway.tgi.requests import parse_request, plan
 from tests.gateway.conftest import running_server
 
 MODEL = "tiny-tgi"

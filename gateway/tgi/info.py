@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from backends.base import ModelInfo
-from gateway.tgi_requests import MAX_BEST_OF, MAX_STOP_SEQUENCES
+from gateway.tgi.requests import MAX_BEST_OF, MAX_STOP_SEQUENCES
 
 # TGI's field -> the ModelInfo.extra key that holds it (None where the backend has none).
 _ENGINE_FIELDS = (

@@ -23,16 +23,16 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 
 from backends.base import Backend, GenerationRequest, ModelInfo
+from gateway.body import read_json
 from gateway.errors import bad_request, internal_error, tgi_error_response, to_openai_error
 from gateway.generation import ClientDisconnected, gather, unless_disconnected
 from gateway.guard import GUARD, open_guarded, principal_of
 from gateway.middleware import set_failure_label, set_model_label
-from gateway.routes_openai import read_json
-from gateway.sampling import new_request_id
+from gateway.openai.sampling import new_request_id
 from gateway.sse import SSEResponse
 from gateway.state import GatewayState, gateway_state
-from gateway.tgi_info import info_body
-from gateway.tgi_requests import (
+from gateway.tgi.info import info_body
+from gateway.tgi.requests import (
     TGIPlan,
     TGIRequest,
     TGIValidationError,
@@ -41,7 +41,7 @@ from gateway.tgi_requests import (
     parse_request,
     plan,
 )
-from gateway.tgi_responses import TGIView, generate_body, generate_headers, stream_events
+from gateway.tgi.responses import TGIView, generate_body, generate_headers, stream_events
 from routing.registry import ModelEntry
 
 log = logging.getLogger("switchyard.gateway")

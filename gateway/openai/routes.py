@@ -7,53 +7,33 @@ body's `model`; else, when exactly one model is served, that one.
 
 from __future__ import annotations
 
-import json
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from backends.base import GenerationRequest
-from gateway.errors import bad_request, from_validation_errors
+from gateway.body import parse_body, read_json
+from gateway.errors import bad_request
 from gateway.generation import collect, stream, unless_disconnected
 from gateway.guard import GUARD, open_guarded
 from gateway.middleware import set_model_label
-from gateway.requests import ChatCompletionRequest, CompletionRequest
-from gateway.responses import (
+from gateway.openai.requests import ChatCompletionRequest, CompletionRequest
+from gateway.openai.responses import (
     ChatFormatter,
     CompletionFormatter,
     Formatter,
     chat_meta,
     completion_meta,
 )
-from gateway.sampling import chat_request, completion_request, new_request_id
+from gateway.openai.sampling import chat_request, completion_request, new_request_id
 from gateway.sse import SSEResponse
 from gateway.state import GatewayState, gateway_state
 from routing.registry import ModelEntry
 
 router = APIRouter(dependencies=[GUARD])  # the key is checked before the body is read
 Body = TypeVar("Body", bound=BaseModel)
-
-
-async def read_json(request: Request) -> Any:
-    raw = await request.body()
-    if not raw.strip():
-        raise bad_request("The request body is empty; send a JSON object.")
-    try:
-        return json.loads(raw)
-    except (ValueError, RecursionError) as exc:
-        message = f"The request body is not valid JSON: {exc}"
-        raise bad_request(message, code="invalid_json") from None
-
-
-def parse_body(data: Any, schema: type[Body]) -> Body:
-    if not isinstance(data, dict):
-        raise bad_request("The request body must be a JSON object.", code="invalid_type")
-    try:
-        return schema.model_validate(data)
-    except ValidationError as exc:
-        raise from_validation_errors(exc.errors()) from None
 
 
 def resolve_model(state: GatewayState, request: Request, body_model: str | None) -> ModelEntry:

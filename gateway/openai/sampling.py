@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 
 from backends.base import GenerationRequest, SamplingParams
-from gateway.requests import ChatCompletionRequest, CompletionRequest, SamplingFields
+from gateway.openai.requests import ChatCompletionRequest, CompletionRequest, SamplingFields
 
 
 def new_request_id() -> str:

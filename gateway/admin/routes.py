@@ -1,85 +1,26 @@
-"""GET /health (open), /metrics (--metrics-auth), /v1/models[/{id}] (guarded), /admin/keys.
-
-/v1/models lists only the models the caller's key may use; retrieving another one
-is a 403, as using it would be.
-"""
+"""/admin/keys (the admin key) and usage: /admin/keys/{id}/usage (the admin, or that key),
+/v1/usage (the caller's own)."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST
+from fastapi.responses import JSONResponse
 
 from auth.access import AccessDenied, Principal
 from auth.admin import KeyAdmin, KeyChanges, KeyNotFound, NewKey
 from auth.policy import unavailable
 from auth.store import ReadOnlyStore, StoreUnavailable
-from backends.base import Backend, Health
+from gateway.body import parse_body, read_json
 from gateway.errors import OpenAIError
-from gateway.guard import GUARD, metrics_guard, principal_of, require_admin, require_key
-from gateway.routes_openai import parse_body, read_json
+from gateway.guard import require_admin, require_key
 from gateway.state import gateway_state
-from routing.registry import ModelEntry
 
 log = logging.getLogger("switchyard.gateway")
 router = APIRouter()
-HEALTH_TIMEOUT_S = 5.0
-
-
-async def _health(backend: Backend) -> Health:
-    try:
-        return await asyncio.wait_for(backend.health(), HEALTH_TIMEOUT_S)
-    except Exception as exc:
-        log.warning("health check failed: %r", exc)
-        return Health(ready=False, detail=f"health check failed: {exc!r}")
-
-
-@router.get("/health")
-async def health(request: Request) -> JSONResponse:
-    """200 when every model is ready, 503 while any is loading or broken."""
-    registry = gateway_state(request).models
-    models = registry.models()
-    results = await asyncio.gather(*(_health(registry.pick(m).backend) for m in models))
-    pairs = zip(models, results, strict=True)
-    report = {m.name: {"ready": h.ready, "detail": h.detail} for m, h in pairs}
-    ready = all(h.ready for h in results)
-    return JSONResponse(
-        {"status": "ok" if ready else "unavailable", "models": report},
-        status_code=200 if ready else 503,
-    )
-
-
-@router.get("/metrics", dependencies=[Depends(metrics_guard)])
-async def metrics(request: Request) -> Response:
-    return Response(gateway_state(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)
-
-
-def _model_card(entry: ModelEntry) -> dict[str, Any]:
-    return {"id": entry.name, "object": "model", "created": entry.created, "owned_by": "switchyard"}
-
-
-@router.get("/v1/models", dependencies=[GUARD])
-async def list_models(request: Request) -> JSONResponse:
-    principal = principal_of(request)
-    entries = [e for e in gateway_state(request).models.models() if principal.may_use(e.name)]
-    return JSONResponse({"object": "list", "data": [_model_card(e) for e in entries]})
-
-
-@router.get("/v1/models/{model_id:path}", dependencies=[GUARD])
-async def retrieve_model(request: Request, model_id: str) -> JSONResponse:
-    state = gateway_state(request)
-    entry = state.models.resolve(model_id)
-    await state.access.authorize(principal_of(request), entry.name)
-    return JSONResponse(_model_card(entry))
-
-
-# ---- API keys: /admin/keys (the admin key) and usage (the admin, or the key itself) ----
 
 CALLER = Depends(require_key)
 

@@ -1,0 +1,1 @@
+"""Administration: /admin/keys, usage, and the `switchyard keys` command."""

@@ -1,0 +1,1 @@
+"""OpenAI's API: /v1/chat/completions, /v1/completions, /v1/models."""
