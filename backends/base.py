@@ -148,6 +148,25 @@ class BackendUnavailable(Exception):
     """The backend cannot take requests now (loading, dead, overloaded upstream): 503."""
 
 
+class DeploymentError(Exception):
+    """One deployment failed a request: connect error, timeout, a 5xx or 429 from an upstream,
+    a malformed upstream answer. Raised by generate()'s iterator, before its first event or
+    after. Before the first event routing may move the request to another deployment (it
+    counts the failure toward that deployment's cooldown); after it, the gateway ends the
+    response with an error (a 502 / 504 answer, or an error event in a stream).
+    """
+
+    def __init__(
+        self, message: str, *, status_code: int = 502, code: str = "upstream_error",
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status_code = status_code  # 502 bad upstream answer, 504 timeout, 429, 503
+        self.code = code
+        self.retry_after = retry_after
+
+
 @runtime_checkable
 class Backend(Protocol):
     async def start(self) -> None: ...

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,7 +19,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from auth.access import AccessDenied
-from backends.base import BackendUnavailable, RequestError
+from backends.base import BackendUnavailable, DeploymentError, RequestError
 from gateway.metrics import failure_kind
 from gateway.middleware import set_failure_label
 from routing.errors import ModelNotFound
@@ -97,6 +98,16 @@ def from_backend_unavailable(exc: BackendUnavailable) -> OpenAIError:
                        headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
+def from_deployment_error(exc: DeploymentError) -> OpenAIError:
+    """An upstream that failed: 502 (bad answer), 504 (timeout), 429 / 503 with Retry-After."""
+    headers = None
+    if exc.retry_after is not None:
+        headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after)))}
+    error_type = "rate_limit_error" if exc.status_code == 429 else "api_error"
+    return OpenAIError(exc.status_code, exc.message, error_type=error_type, code=exc.code,
+                       headers=headers)
+
+
 def from_access_denied(exc: AccessDenied) -> OpenAIError:
     headers = None
     if exc.retry_after is not None:
@@ -146,6 +157,8 @@ def to_openai_error(exc: Exception) -> OpenAIError | None:
         return from_request_error(exc)
     if isinstance(exc, BackendUnavailable):
         return from_backend_unavailable(exc)
+    if isinstance(exc, DeploymentError):
+        return from_deployment_error(exc)
     if isinstance(exc, ModelNotFound):
         return from_model_not_found(exc)
     if isinstance(exc, AccessDenied):
