@@ -1,0 +1,247 @@
+"""TransformersBackend: plain Hugging Face `generate` behind the Backend contract.
+
+The reference and the fallback for architectures the native engine lacks. One worker thread
+owns torch and runs one `generate` at a time; requests queue in a thread-safe inbox. Each
+token reaches its request's asyncio queue through `call_soon_threadsafe` from a
+StoppingCriteria (hooks.TokenBridge), which also stops a cancelled request at its next token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import queue
+import random
+import threading
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+
+import torch
+import transformers
+
+from backends.base import (
+    BackendStats,
+    BackendUnavailable,
+    GenerationEvent,
+    GenerationRequest,
+    Health,
+    ModelInfo,
+    RequestError,
+    SamplingParams,
+    StepTiming,
+)
+from backends.native.tokenizer import ChatTemplateError
+from backends.transformers.loading import LoadedHF, load
+from backends.transformers.options import TransformersOptions
+from backends.transformers.runner import Job, run_job
+from backends.transformers.tracker import RequestTracker
+
+log = logging.getLogger(__name__)
+
+_STOP = object()
+
+
+class TransformersBackend:
+    def __init__(
+        self, model_id: str, options: TransformersOptions | None = None,
+        served_name: str | None = None,
+    ) -> None:
+        self.model_id = model_id
+        self.options = options or TransformersOptions()
+        self.served_name = served_name or os.path.basename(model_id.rstrip("/"))
+        self.loaded: LoadedHF | None = None
+        self.generated_tokens = 0  # cumulative, over all requests (the worker adds to it)
+        self._inbox: queue.SimpleQueue[Job | object] = queue.SimpleQueue()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._error: str | None = None
+        self._in_flight = 0
+        self._current: Job | None = None
+        self._closing = False
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        try:
+            self.loaded = await asyncio.to_thread(self._load)
+        except Exception as exc:
+            self._error = f"loading failed: {exc}"
+            raise
+        self._thread = threading.Thread(target=self._run, name="transformers", daemon=True)
+        self._thread.start()
+
+    def _load(self) -> LoadedHF:
+        if self.options.num_threads:
+            torch.set_num_threads(self.options.num_threads)
+        return load(self.model_id, self.options)
+
+    async def close(self) -> None:
+        if self._thread is None:
+            return
+        self._closing = True
+        current = self._current
+        if current is not None:
+            current.cancelled.set()
+        self._inbox.put(_STOP)
+        await asyncio.to_thread(self._thread.join, 30)
+        self._thread = None
+
+    async def health(self) -> Health:
+        if self._error:
+            return Health(False, self._error)
+        if self.loaded is None or self._thread is None:
+            return Health(False, "loading")
+        return Health(True, "ready")
+
+    def info(self) -> ModelInfo:
+        loaded = self._ready()
+        return ModelInfo(
+            name=self.served_name,
+            max_input_tokens=loaded.max_input_tokens,
+            max_total_tokens=loaded.max_total_tokens,
+            dtype=str(loaded.dtype).removeprefix("torch."),
+            quantization=loaded.quantization,
+            backend="transformers",
+            extra={
+                "model_id": loaded.path,
+                "device": loaded.device.type,
+                "dtype_reason": loaded.dtype_reason,
+                "architecture": type(loaded.model).__name__,
+                "transformers_version": transformers.__version__,
+                "max_concurrent_requests": self.options.max_concurrent_requests,
+                "max_batch_size": 1,
+            },
+        )
+
+    def stats(self) -> BackendStats:
+        current = self._current
+        running = 1 if current is not None and not current.tracker.finished else 0
+        return BackendStats(queue_size=self._inbox.qsize(), running=running)
+
+    def drain_step_timings(self) -> list[StepTiming]:
+        return []  # generate's steps are not observable one by one
+
+    def count_tokens(self, req: GenerationRequest) -> int:
+        return len(self.tokenize(req))
+
+    def tokenize(self, req: GenerationRequest) -> list[int]:
+        tokenizer = self._ready().tokenizer
+        if req.prompt_token_ids is not None:
+            return list(req.prompt_token_ids)
+        if req.messages is not None:
+            try:
+                return tokenizer.encode_chat(req.messages, req.add_generation_prompt)
+            except ChatTemplateError as e:
+                raise RequestError(str(e), param="messages") from None
+        return tokenizer.encode(req.prompt or "")
+
+    async def generate(self, req: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+        self._admit()
+        try:
+            # Chat templates and long prompts take milliseconds: keep them off the loop.
+            prompt_ids = await asyncio.to_thread(self.tokenize, req)
+            field = "messages" if req.messages else "prompt"
+            max_tokens = self._validate(prompt_ids, req.sampling, field)
+            stream = self._stream(req, prompt_ids, max_tokens)
+            async with aclosing(stream) as events:
+                async for event in events:
+                    yield event
+        finally:
+            self._in_flight -= 1
+
+    def _admit(self) -> None:
+        self._ready()
+        limit = self.options.max_concurrent_requests
+        if self._in_flight >= limit:
+            raise RequestError(
+                f"the model is overloaded: {limit} requests are in flight "
+                f"(max_concurrent_requests); retry shortly",
+                code="overloaded", status_code=429, error_type="overloaded",
+            )
+        self._in_flight += 1
+
+    def _validate(self, prompt_ids: list[int], sampling: SamplingParams, field: str) -> int:
+        """Raise RequestError for a prompt that cannot run; return its max new tokens."""
+        loaded = self._ready()
+        n = len(prompt_ids)
+        if n == 0:
+            raise RequestError("the prompt is empty", param=field)
+        if any(not 0 <= t < loaded.vocab_size for t in prompt_ids):
+            raise RequestError("prompt token ids must be within the vocabulary", param=field)
+        if n > loaded.max_input_tokens:
+            raise RequestError(
+                f"the prompt has {n} tokens, more than this model's maximum input of "
+                f"{loaded.max_input_tokens} tokens",
+                param=field, code="context_length_exceeded",
+            )
+        wanted = sampling.max_tokens or 1
+        if n + wanted > loaded.max_total_tokens:
+            raise RequestError(
+                f"this model's maximum context length is {loaded.max_total_tokens} tokens; "
+                f"your prompt has {n} tokens and max_tokens is {wanted}: reduce one of them",
+                param="max_tokens", code="context_length_exceeded",
+            )
+        room = loaded.max_total_tokens - n
+        return min(sampling.max_tokens or room, room)
+
+    async def _stream(
+        self, req: GenerationRequest, prompt_ids: list[int], max_tokens: int,
+    ) -> AsyncIterator[GenerationEvent]:
+        loop = self._loop
+        assert loop is not None
+        events: asyncio.Queue[GenerationEvent] = asyncio.Queue()
+        sampling = req.sampling
+        seed = None
+        if sampling.temperature > 0:  # TGI reports the seed a sampled request used
+            seed = sampling.seed if sampling.seed is not None else random.getrandbits(63)
+        tracker = RequestTracker(
+            self._ready().tokenizer, prompt_ids, sampling, max_tokens, seed,
+            publish=lambda event: loop.call_soon_threadsafe(events.put_nowait, event),
+        )
+        job = Job(req.request_id, prompt_ids, sampling, tracker)
+        self._inbox.put(job)
+        finished = False
+        try:
+            while not finished:
+                event = await events.get()
+                finished = event.finish_reason is not None
+                yield event
+        finally:
+            if not finished:
+                job.cancelled.set()  # the worker skips it, or stops it at its next token
+
+    def _ready(self) -> LoadedHF:
+        if self.loaded is None or self._thread is None:
+            raise BackendUnavailable(self._error or "the model is still loading")
+        return self.loaded
+
+    def _run(self) -> None:
+        loaded = self.loaded
+        assert loaded is not None
+        if self.options.num_threads:
+            torch.set_num_threads(self.options.num_threads)
+        while True:
+            job = self._inbox.get()
+            if not isinstance(job, Job):  # _STOP
+                self._abort_queued()
+                return
+            if job.cancelled.is_set():
+                continue
+            self._current = job
+            try:
+                run_job(loaded, job)
+                if self._closing:
+                    job.tracker.finish("abort")
+            finally:
+                self.generated_tokens += job.tracker.num_generated
+                self._current = None
+
+    def _abort_queued(self) -> None:
+        """At close: end every request still queued, so that no client waits forever."""
+        while True:
+            try:
+                job = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(job, Job):
+                job.tracker.finish("abort")
