@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from backends.base import Backend
+from backends.transformers import create_transformers_backend
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,28 @@ def _native(spec: BackendSpec) -> Backend:
     return NativeBackend(config)
 
 
-_FACTORIES: dict[str, Callable[[BackendSpec], Backend]] = {"native": _native}
+def _remote(spec: BackendSpec) -> Backend:
+    from backends.remote.backend import RemoteBackend
+    from backends.remote.options import RemoteOptions, parse_options
+
+    return RemoteBackend(spec.name, parse_options(RemoteOptions, "remote", spec.name,
+                                                  spec.options))
+
+
+def _tgi(spec: BackendSpec) -> Backend:
+    from backends.remote.options import parse_options
+    from backends.tgi.backend import TGIBackend
+    from backends.tgi.options import TGIOptions
+
+    return TGIBackend(spec.name, parse_options(TGIOptions, "tgi", spec.name, spec.options))
+
+
+_FACTORIES: dict[str, Callable[[BackendSpec], Backend]] = {
+    "native": _native,
+    "transformers": create_transformers_backend,
+    "remote": _remote,
+    "tgi": _tgi,
+}
 
 
 def available_backends() -> list[str]:

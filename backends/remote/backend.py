@@ -1,0 +1,86 @@
+"""RemoteBackend: any OpenAI-compatible server (vLLM, SGLang, Ollama, OpenAI, Switchyard).
+
+Always streams upstream and yields each delta as it arrives. Usage comes from the upstream
+(`stream_options.include_usage`); an upstream that refuses that option is asked again
+without it, and from then on usage is counted here (`info().extra["usage_source"]`).
+Closing the event iterator closes the upstream response, so the upstream aborts too.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+from backends.base import GenerationEvent, GenerationRequest, RequestError
+from backends.remote.chunks import ChunkReader
+from backends.remote.http import open_stream, parse_json, sse_data, transport_errors
+from backends.remote.options import RemoteOptions
+from backends.remote.payload import build_payload
+from backends.remote.upstream import HEALTH_TIMEOUT_S, UpstreamBackend
+
+log = logging.getLogger(__name__)
+
+
+def _refuses_stream_options(exc: RequestError) -> bool:
+    return exc.status_code in (400, 422) and "stream_options" in exc.message
+
+
+class RemoteBackend(UpstreamBackend):
+    kind = "remote"
+    health_path = "/models"
+
+    def __init__(self, name: str, options: RemoteOptions) -> None:
+        super().__init__(name, options)
+        self._include_usage = True
+
+    async def discover_limits(self, client: httpx.AsyncClient) -> None:
+        """vLLM lists `max_model_len` with each model on /models."""
+        response = await client.get("/models", timeout=HEALTH_TIMEOUT_S)
+        response.raise_for_status()
+        for card in response.json().get("data", []):
+            limit = card.get("max_model_len")
+            if card.get("id") == self.upstream_model and isinstance(limit, int) and limit > 1:
+                self.max_total_tokens, self.max_input_tokens = limit, limit - 1
+
+    def info_extra(self) -> dict[str, Any]:
+        extra = super().info_extra()
+        extra["usage_source"] = "upstream" if self._include_usage else self.counter.source
+        return extra
+
+    async def _open(self, req: GenerationRequest) -> httpx.Response:
+        path, body = build_payload(req, self.upstream_model, include_usage=self._include_usage)
+        try:
+            return await open_stream(self.client, path, body)
+        except RequestError as exc:
+            if not (self._include_usage and _refuses_stream_options(exc)):
+                raise
+        log.warning("%s: the upstream refuses stream_options; counting usage with the %s",
+                    self.name, self.counter.source)
+        self._include_usage = False
+        path, body = build_payload(req, self.upstream_model, include_usage=False)
+        return await open_stream(self.client, path, body)
+
+    async def events(self, req: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+        response = await self._open(req)
+        reader = ChunkReader(chat=req.messages is not None)
+        try:
+            with transport_errors(self.options.base_url):
+                if response.headers.get("content-type", "").startswith("application/json"):
+                    event = reader.feed(parse_json((await response.aread()).decode()))
+                    if event is not None:
+                        yield event
+                else:
+                    done = False
+                    # Read to the end, past [DONE]: a response closed unread loses its
+                    # keep-alive connection (a new TCP connect per request).
+                    async for data in sse_data(response):
+                        done = done or data.strip() == "[DONE]"
+                        event = None if done else reader.feed(parse_json(data))
+                        if event is not None:
+                            yield event
+            yield reader.last(self.counter, req)
+        finally:
+            await response.aclose()

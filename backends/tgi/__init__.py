@@ -1,0 +1,1 @@
+"""A TGI server through its native `/generate_stream` (no torch; see `backends.remote`)."""

@@ -1,0 +1,91 @@
+"""TGIBackend: a TGI server (or Switchyard's TGI routes) through `/generate_stream`.
+
+TGI's /generate has no chat: messages are rendered with the `tokenizer` option's chat
+template (without one, chat is refused with a 400 naming the option). Errors, timeouts and
+closing behave as in `backends.remote`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+from backends.base import DeploymentError, GenerationEvent, GenerationRequest, RequestError
+from backends.native.stop_checker import StopChecker
+from backends.remote.http import open_stream, parse_json, sse_data, transport_errors
+from backends.remote.upstream import HEALTH_TIMEOUT_S, UpstreamBackend
+from backends.tgi.frames import FrameReader
+from backends.tgi.options import TGIOptions
+from backends.tgi.payload import build_payload
+
+
+class TGIBackend(UpstreamBackend):
+    kind = "tgi"
+    health_path = "/health"
+
+    def __init__(self, name: str, options: TGIOptions) -> None:
+        super().__init__(name, options)
+        if options.model:
+            self._headers["x-model"] = options.model
+
+    async def discover_limits(self, client: httpx.AsyncClient) -> None:
+        response = await client.get("/info", timeout=HEALTH_TIMEOUT_S)
+        response.raise_for_status()
+        info = response.json()
+        total = info.get("max_total_tokens")
+        if isinstance(total, int) and total > 1:
+            self.max_total_tokens = total
+            limit = info.get("max_input_tokens", info.get("max_input_length"))
+            self.max_input_tokens = limit if isinstance(limit, int) else total - 1
+
+    def info_extra(self) -> dict[str, Any]:
+        extra = super().info_extra()
+        # TGI's details carry both counts; the counter only fills a missing input_length.
+        extra["usage_source"] = "upstream"
+        extra["count_source"] = self.counter.source
+        return extra
+
+    def _inputs(self, req: GenerationRequest) -> str:
+        tokenizer = self.counter.tokenizer
+        if tokenizer is None and req.messages is not None:
+            raise RequestError(
+                "chat messages need the model's chat template, and this TGI deployment has "
+                "none: give its backend a `tokenizer` option, or send a text prompt",
+                param="messages", code="chat_unsupported")
+        if tokenizer is None and req.prompt_token_ids is not None:
+            raise RequestError(
+                "token id prompts need a `tokenizer` option on this TGI deployment",
+                param="prompt", code="tokenizer_required")
+        text = self.counter.prompt_text(req)
+        bos = tokenizer.adds_bos() if tokenizer is not None else None
+        if req.messages is not None and bos and text.startswith(bos):
+            text = text[len(bos):]  # TGI adds BOS itself: do not send it twice
+        if not text:
+            raise RequestError("the prompt is empty", param="prompt")
+        return text
+
+    async def events(self, req: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+        inputs = self._inputs(req)
+        body = build_payload(inputs, req.sampling)
+        response = await open_stream(self.client, "/generate_stream", body)
+        reader = FrameReader(req.sampling.logprobs, StopChecker(req.sampling.stop),
+                             lambda: self.counter.prompt_tokens(req))
+        last: GenerationEvent | None = None
+        try:
+            with transport_errors(self.options.base_url):
+                async for data in sse_data(response):
+                    if last is not None:
+                        continue  # read to the end: the connection stays reusable
+                    event = reader.feed(parse_json(data))
+                    if reader.finished:
+                        last = event
+                    elif event is not None:
+                        yield event
+            if last is None:
+                raise DeploymentError("the upstream ended the stream before its last token",
+                                      status_code=502, code="upstream_error")
+            yield last
+        finally:
+            await response.aclose()
