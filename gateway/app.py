@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -21,6 +21,7 @@ from gateway.errors import install_error_handlers
 from gateway.generation import ClientDisconnected
 from gateway.metrics import GatewayMetrics
 from gateway.middleware import CLIENT_CLOSED, MetricsMiddleware, set_status_label
+from gateway.models_file import DeploymentPlan
 from gateway.openai.models import router as models_router
 from gateway.openai.routes import router as openai_router
 from gateway.response_headers import ResponseHeadersMiddleware
@@ -28,34 +29,48 @@ from gateway.service_routes import router as service_router
 from gateway.settings import Settings
 from gateway.state import GatewayState
 from gateway.tgi.routes import router as tgi_router
+from routing.deployment import Deployment
+from routing.health import HealthChecker
 from routing.registry import ModelRegistry
 
 log = logging.getLogger("switchyard.gateway")
+Served = Backend | Sequence[Deployment]  # one backend, or a model's deployments
 
 
-def build_registry(settings: Settings, backends: Mapping[str, Backend] | None) -> ModelRegistry:
-    """Given backends by served name, or else the ones the settings declare."""
-    registry = ModelRegistry()
-    specs = settings.model_specs()
+def _deployment(plan: DeploymentPlan) -> Deployment:
+    return Deployment(plan.name, create_backend(plan.spec), plan.weight, plan.priority)
+
+
+def build_registry(settings: Settings, backends: Mapping[str, Served] | None) -> ModelRegistry:
+    """Given backends (or deployments) by served name, or else the ones the settings declare."""
+    registry = ModelRegistry(settings.routing_policy())
+    plans = settings.model_plans()
     if backends is None:
-        for spec in specs:
-            registry.add(spec.name, create_backend(spec), spec.aliases)
+        for plan in plans:
+            deployments = [_deployment(d) for d in plan.deployments]
+            registry.add_model(plan.name, deployments, plan.aliases)
         return registry
-    aliases = {spec.name: spec.aliases for spec in specs}
-    for name, backend in backends.items():
-        registry.add(name, backend, aliases.get(name, ()))
+    aliases = {plan.name: plan.aliases for plan in plans}
+    for name, served in backends.items():
+        if isinstance(served, Sequence):
+            registry.add_model(name, served, aliases.get(name, ()))
+        else:
+            registry.add(name, served, aliases.get(name, ()))
     return registry
 
 
 async def start_backends(registry: ModelRegistry) -> list[Backend]:
     started: list[Backend] = []
-    names = {id(d.backend): m.name for m in registry.models() for d in m.deployments}
+    names: dict[int, str] = {}
+    for model, d in registry.deployments():
+        names.setdefault(id(d.backend), f"{model} ({d.name})")
     try:
         for backend in registry.backends():
             began = time.perf_counter()
             log.info("starting model %s ...", names[id(backend)])
             await backend.start()
             started.append(backend)
+            registry.backend_started(backend)
             log.info("model %s ready in %.1fs", names[id(backend)], time.perf_counter() - began)
     except BaseException:
         await close_backends(started)
@@ -94,17 +109,28 @@ async def _loading_in_background(
         await close_backends(list(registry.backends()))
 
 
+@asynccontextmanager
+async def _checking(checker: HealthChecker) -> AsyncIterator[None]:
+    """The routing health checker runs while the app serves."""
+    checker.start()
+    try:
+        yield
+    finally:
+        await checker.stop()
+
+
 async def _client_disconnected(request: Request, exc: Exception) -> Response:
     set_status_label(request.scope, CLIENT_CLOSED)
     return Response(status_code=CLIENT_CLOSED)
 
 
 def create_app(
-    settings: Settings, backends: Mapping[str, Backend] | None = None,
+    settings: Settings, backends: Mapping[str, Served] | None = None,
     access: AccessPolicy | None = None, *, load_in_background: bool = False,
     on_load_failure: Callable[[BaseException], None] | None = None,
 ) -> FastAPI:
-    """The gateway app. `backends` by served model name; None builds them from `settings`.
+    """The gateway app. `backends` (one backend, or a list of `Deployment`s) by served
+    model name; None builds them from `settings` (the models file's deployments).
 
     Backends are started (models loaded) in the lifespan and closed on shutdown. By
     default loading finishes before the server accepts connections; with
@@ -115,10 +141,12 @@ def create_app(
     state = GatewayState(
         settings=settings, models=registry,
         metrics=GatewayMetrics(
-            lambda: [(m.name, registry.pick(m).backend) for m in registry.models()]
+            lambda: [(m.name, m.router) for m in registry.models()],
+            deployments=registry.deployments,
         ),
         access=access or build_access(settings.auth_config()),
     )
+    checker = HealthChecker(registry.deployments, registry.policy)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -126,12 +154,13 @@ def create_app(
         await state.access.start()
         try:
             if load_in_background:
-                async with _loading_in_background(registry, on_load_failure):
+                async with _loading_in_background(registry, on_load_failure), _checking(checker):
                     yield
             else:
                 started = await start_backends(registry)
                 try:
-                    yield
+                    async with _checking(checker):
+                        yield
                 finally:
                     await close_backends(started)
         finally:
@@ -139,6 +168,7 @@ def create_app(
 
     app = FastAPI(title="Switchyard", version="0.1.0", lifespan=lifespan)
     app.state.gateway = state
+    app.state.health_checker = checker
     install_error_handlers(app)
     app.add_exception_handler(ClientDisconnected, _client_disconnected)
     app.add_middleware(ResponseHeadersMiddleware)

@@ -47,6 +47,9 @@ _FLAGS: tuple[tuple[tuple[str, ...], str, type, str], ...] = (
      "without chunked prefill: decode steps after which waiting requests join anyway"),
     (("--prefix-caching",), "prefix_caching", str, "true (default) | false"),
     (("--compile",), "compile", str, "torch.compile the decode attention: true (default) | false"),
+    (("--cache-dir",), "cache_dir", str,
+     "startup cache (GGUF metadata, tokenizer, packed weights, compiled kernels); "
+     "default ~/.cache/switchyard, 'none' turns it off"),
     (("--log-level",), "log_level", str, "critical | error | warning | info | debug"),
 )
 
@@ -94,7 +97,11 @@ def serve(settings: Settings) -> None:
         server.should_exit = True
 
     # The port opens at once: /health answers 503 while the models load (TGI-style probes).
-    app = create_app(settings, load_in_background=True, on_load_failure=stop)
+    try:
+        app = create_app(settings, load_in_background=True, on_load_failure=stop)
+    except ValueError as exc:  # the models file, or a backend's options (it names the field)
+        print(f"switchyard: invalid configuration: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     server = uvicorn.Server(uvicorn.Config(
         app, host=settings.hostname, port=settings.port, log_level=settings.log_level))
     server.run()

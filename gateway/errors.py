@@ -211,7 +211,7 @@ def answer(request: Request, err: OpenAIError) -> JSONResponse:
 def install_error_handlers(app: FastAPI) -> None:
     for exc_type in (
         OpenAIError, RequestValidationError, ValidationError, StarletteHTTPException,
-        ModelNotFound, RequestError, BackendUnavailable, AccessDenied,
+        ModelNotFound, RequestError, BackendUnavailable, DeploymentError, AccessDenied,
     ):
         app.add_exception_handler(exc_type, _known)
     app.add_exception_handler(Exception, _unexpected)

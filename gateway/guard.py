@@ -110,7 +110,9 @@ class _Meter:
 
     def observe(self, event: GenerationEvent) -> None:
         self.started = True
-        self.completion_tokens += len(event.tokens)
+        # A backend that cannot see tokens (an OpenAI-compatible upstream) sends text deltas
+        # without them: count each as one, so a stream cut short still bills what it sent.
+        self.completion_tokens += len(event.tokens) or (1 if event.text else 0)
         if event.usage is not None:
             self.final = event.usage
 

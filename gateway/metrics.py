@@ -6,6 +6,7 @@ per generation request (OpenAI and TGI routes alike), `tgi_batch_*` and
 from its step timings. `switchyard_*` for the rest (per-route HTTP counts, time
 to first token, inter-token latency, KV blocks, prefix cache, preemptions).
 Every series has a `model` label: one gateway serves several models.
+`switchyard_deployment_*` (gateway/routing_metrics.py) add a `deployment` label.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from backends.base import Backend, BackendStats, RequestTimings, Usage
+from gateway.routing_metrics import DeploymentCollector, Deployments
 
 log = logging.getLogger("switchyard.gateway")
 Backends = Callable[[], list[tuple[str, Backend]]]
@@ -159,13 +161,15 @@ class BackendCollector(Collector):
 
 
 class GatewayMetrics:
-    def __init__(self, backends: Backends) -> None:
+    def __init__(self, backends: Backends, deployments: Deployments | None = None) -> None:
         self._backends = backends
         self.registry = CollectorRegistry(auto_describe=True)
         self._http_metrics()
         self._request_metrics()
         self._latency_metrics()
         self.registry.register(BackendCollector(backends))
+        if deployments is not None:
+            self.registry.register(DeploymentCollector(deployments))
 
     def _http_metrics(self) -> None:
         r = self.registry

@@ -10,10 +10,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     PositiveInt,
     SecretStr,
@@ -23,15 +20,25 @@ from pydantic import (
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from auth.factory import AuthConfig
-from auth.keys import KeyDeclaration
 from auth.limits import LEASE_TTL_S
 from backends.registry import BackendSpec
+from gateway.models_file import (
+    ConfigError,
+    ConfigFile,
+    ModelDeclaration,
+    ModelPlan,
+    load_config_file,
+    model_plan,
+)
+from routing.policy import RoutingPolicy
+
+__all__ = ["ConfigError", "ConfigFile", "ModelDeclaration", "ModelPlan", "Settings"]
 
 _ENGINE_FIELDS = (
     "dtype", "device", "max_input_tokens", "max_total_tokens", "max_batch_size",
     "max_batch_prefill_tokens", "max_batch_total_tokens", "kv_cache_memory", "block_size",
     "num_threads", "max_concurrent_requests", "waiting_served_ratio", "max_waiting_tokens",
-    "chunked_prefill", "prefix_caching", "compile", "quantize", "quantized_kernels",
+    "chunked_prefill", "prefix_caching", "compile", "quantize", "quantized_kernels", "cache_dir",
 )
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
@@ -46,25 +53,6 @@ def parse_memory(value: Any) -> float | None:
         raise ValueError(f"not a memory size: {value!r} (examples: 0.9, 8GiB, 512M)")
     number, unit = float(match.group(1)), match.group(2).lower()
     return number * _UNITS[unit]
-
-
-class ModelDeclaration(BaseModel):
-    """One entry of the config file's `models:` list."""
-
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
-
-    name: str = Field(min_length=1)
-    model_id: str = Field(min_length=1)
-    backend: str | None = None  # default: Settings.backend
-    aliases: list[str] = Field(default_factory=list)
-    options: dict[str, Any] = Field(default_factory=dict)
-
-
-class ConfigFile(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    models: list[ModelDeclaration] = Field(min_length=1)
-    keys: list[KeyDeclaration] = Field(default_factory=list)  # hashed API keys
 
 
 class Settings(BaseSettings):
@@ -103,6 +91,8 @@ class Settings(BaseSettings):
     chunked_prefill: bool | None = None
     prefix_caching: bool | None = None
     compile: bool | None = None
+    # the native engine's startup cache (backends/native/startup_cache.py); "none": off
+    cache_dir: str = "~/.cache/switchyard"
 
     # Auth: an admin key, a Redis URL or keys in the config file turn API keys on.
     admin_key: SecretStr | None = None
@@ -141,23 +131,30 @@ class Settings(BaseSettings):
         return {name: value for name, value in values.items() if value is not None}
 
     def model_specs(self) -> list[BackendSpec]:
+        """Every deployment's backend spec, in order (see `model_plans`)."""
+        return [d.spec for plan in self.model_plans() for d in plan.deployments]
+
+    def model_plans(self) -> list[ModelPlan]:
         """The models to serve: the config file's list, or the one model the flags name.
 
-        Engine flags apply to every model; a declaration's `options` override them.
+        Engine flags apply to every native deployment; a declaration's options override them.
         """
         if self.config_file is None:
-            return [
-                BackendSpec(
-                    name=self.served_name(), model_id=self.model_id, backend=self.backend,
-                    options=self._engine_options(),
-                )
-            ]
-        return [self._spec(decl) for decl in self.load_config_file().models]
+            decl = ModelDeclaration(name=self.served_name(), model_id=self.model_id)
+            return [model_plan(decl, self.backend, self._engine_options())]
+        models = self.load_config_file().models
+        return [model_plan(decl, self.backend, self._engine_options()) for decl in models]
+
+    def routing_policy(self) -> RoutingPolicy:
+        if self.config_file is None:
+            return RoutingPolicy()
+        return self.load_config_file().routing.policy()
 
     def load_config_file(self) -> ConfigFile:
-        assert self.config_file is not None
-        raw = yaml.safe_load(self.config_file.read_text(encoding="utf-8"))
-        return ConfigFile.model_validate(raw if raw is not None else {})
+        """The models file, parsed and checked (a `ConfigError` names what is wrong)."""
+        if self.config_file is None:
+            raise ConfigError("no models file (--config-file) was given")
+        return load_config_file(self.config_file)
 
     def auth_config(self) -> AuthConfig:
         keys = tuple(self.load_config_file().keys) if self.config_file is not None else ()
@@ -165,10 +162,4 @@ class Settings(BaseSettings):
         return AuthConfig(
             admin_key=admin or None, redis_url=self.redis_url or None,
             fail_open=self.auth_fail_open, keys=keys, lease_ttl_s=self.auth_lease_ttl,
-        )
-
-    def _spec(self, decl: ModelDeclaration) -> BackendSpec:
-        return BackendSpec(
-            name=decl.name, model_id=decl.model_id, backend=decl.backend or self.backend,
-            aliases=tuple(decl.aliases), options={**self._engine_options(), **decl.options},
         )

@@ -1,6 +1,14 @@
-"""Model registry, deployments, balancing, fallbacks."""
+"""Model registry, deployments, balancing, fallbacks, cooldowns and health checks."""
 
-from routing.errors import ModelNotFound
-from routing.registry import Deployment, ModelEntry, ModelRegistry
+from routing.balancer import Balancer
+from routing.deployment import Deployment, DeploymentState
+from routing.errors import ModelNotFound, NoHealthyDeployment
+from routing.health import HealthChecker
+from routing.policy import RoutingPolicy
+from routing.registry import ModelEntry, ModelRegistry
+from routing.router import ModelRouter
 
-__all__ = ["Deployment", "ModelEntry", "ModelNotFound", "ModelRegistry"]
+__all__ = [
+    "Balancer", "Deployment", "DeploymentState", "HealthChecker", "ModelEntry", "ModelNotFound",
+    "ModelRegistry", "ModelRouter", "NoHealthyDeployment", "RoutingPolicy",
+]

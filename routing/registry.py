@@ -1,52 +1,54 @@
-"""ModelRegistry: served names and aliases -> deployments (backends).
-
-One deployment per model today; `pick()` is the seam where balancing across
-deployments and fallbacks will go.
-"""
+"""ModelRegistry: served names and aliases -> `ModelEntry` (its deployments and router)."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from backends.base import Backend
+from routing.deployment import Deployment
 from routing.errors import ModelNotFound
-
-
-@dataclass(frozen=True)
-class Deployment:
-    """One place a model is served from."""
-
-    name: str
-    backend: Backend
+from routing.policy import RoutingPolicy
+from routing.router import ModelRouter
 
 
 @dataclass(frozen=True)
 class ModelEntry:
-    """A served model: its canonical name, its aliases and where it runs."""
+    """A served model: its canonical name, its aliases and the router over its deployments."""
 
     name: str
-    deployments: tuple[Deployment, ...]
+    router: ModelRouter
     aliases: tuple[str, ...] = ()
     created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def deployments(self) -> tuple[Deployment, ...]:
+        return self.router.deployments
 
 
 class ModelRegistry:
     """Resolves a requested model name (canonical or alias) to a `ModelEntry`."""
 
-    def __init__(self) -> None:
+    def __init__(self, policy: RoutingPolicy | None = None) -> None:
+        self.policy = policy or RoutingPolicy()
         self._entries: dict[str, ModelEntry] = {}
         self._names: dict[str, str] = {}  # any accepted name -> canonical name
 
     def add(self, name: str, backend: Backend, aliases: Iterable[str] = ()) -> ModelEntry:
+        """A model served by one backend (its one deployment is named after the model)."""
+        return self.add_model(name, [Deployment(name, backend)], aliases)
+
+    def add_model(
+        self, name: str, deployments: Sequence[Deployment], aliases: Iterable[str] = (),
+    ) -> ModelEntry:
         aliases = tuple(a for a in dict.fromkeys(aliases) if a != name)
         for taken in (name, *aliases):
             if taken in self._names:
                 raise ValueError(
                     f"model name or alias {taken!r} is already used by {self._names[taken]!r}"
                 )
-        entry = ModelEntry(name=name, deployments=(Deployment(name, backend),), aliases=aliases)
+        entry = ModelEntry(name, ModelRouter(name, deployments, self.policy), aliases)
         self._entries[name] = entry
         for taken in (name, *aliases):
             self._names[taken] = name
@@ -58,20 +60,27 @@ class ModelRegistry:
             raise ModelNotFound(requested)
         return self._entries[canonical]
 
-    def pick(self, entry: ModelEntry) -> Deployment:
-        """The deployment to send one request to."""
-        return entry.deployments[0]
-
     def models(self) -> list[ModelEntry]:
         return list(self._entries.values())
 
-    def backends(self) -> list[Backend]:
-        """Every distinct backend, in registration order (for start/close/health)."""
-        seen: dict[int, Backend] = {}
+    def deployments(self) -> Iterator[tuple[str, Deployment]]:
+        """(model name, deployment) for every deployment of every model."""
         for entry in self._entries.values():
-            for dep in entry.deployments:
-                seen.setdefault(id(dep.backend), dep.backend)
+            for deployment in entry.deployments:
+                yield entry.name, deployment
+
+    def backends(self) -> list[Backend]:
+        """Every distinct backend, in registration order (for start/close)."""
+        seen: dict[int, Backend] = {}
+        for _, deployment in self.deployments():
+            seen.setdefault(id(deployment.backend), deployment.backend)
         return list(seen.values())
+
+    def backend_started(self, backend: Backend) -> None:
+        """A backend finished start(): its deployments go (back) into rotation."""
+        for _, deployment in self.deployments():
+            if deployment.backend is backend:
+                deployment.recovered()
 
     def sole_model(self) -> ModelEntry | None:
         """The only served model, when there is exactly one (default for requests without one)."""

@@ -1,7 +1,8 @@
 """GET /v1/models and /v1/models/{id}, guarded.
 
-/v1/models lists only the models the caller's key may use; retrieving another one
-is a 403, as using it would be.
+Every served model is listed, then each of its aliases as a card of its own (OpenAI's
+shape, plus `alias_of`: the model it points to). Only models the caller's key may use
+are listed; retrieving another one is a 403, as using it would be.
 """
 
 from __future__ import annotations
@@ -18,15 +19,22 @@ from routing.registry import ModelEntry
 router = APIRouter(dependencies=[GUARD])
 
 
-def _model_card(entry: ModelEntry) -> dict[str, Any]:
-    return {"id": entry.name, "object": "model", "created": entry.created, "owned_by": "switchyard"}
+def _card(entry: ModelEntry, name: str) -> dict[str, Any]:
+    card = {"id": name, "object": "model", "created": entry.created, "owned_by": "switchyard"}
+    if name != entry.name:
+        card["alias_of"] = entry.name
+    return card
+
+
+def _cards(entry: ModelEntry) -> list[dict[str, Any]]:
+    return [_card(entry, name) for name in (entry.name, *entry.aliases)]
 
 
 @router.get("/v1/models")
 async def list_models(request: Request) -> JSONResponse:
     principal = principal_of(request)
     entries = [e for e in gateway_state(request).models.models() if principal.may_use(e.name)]
-    return JSONResponse({"object": "list", "data": [_model_card(e) for e in entries]})
+    return JSONResponse({"object": "list", "data": [c for e in entries for c in _cards(e)]})
 
 
 @router.get("/v1/models/{model_id:path}")
@@ -34,4 +42,4 @@ async def retrieve_model(request: Request, model_id: str) -> JSONResponse:
     state = gateway_state(request)
     entry = state.models.resolve(model_id)
     await state.access.authorize(principal_of(request), entry.name)
-    return JSONResponse(_model_card(entry))
+    return JSONResponse(_card(entry, model_id))

@@ -2,7 +2,9 @@
 
 Model selection: the `x-model` header, when present and non-empty, wins over the
 body's `model` (the header is what Envoy routes on, so both hops agree); else the
-body's `model`; else, when exactly one model is served, that one.
+body's `model`; else, when exactly one model is served, that one. A name may be a
+model or one of its aliases; the model's router (routing/router.py) then picks the
+deployment and falls back to another one when a deployment fails before its first token.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ async def _respond(
     request: Request, state: GatewayState, entry: ModelEntry, gen_request: GenerationRequest,
     formatter: Formatter, *, streamed: bool,
 ) -> Response:
-    backend = state.models.pick(entry).backend
+    backend = entry.router  # balances and falls back over the model's deployments
     trace = state.metrics.trace(entry.name)
     logprobs = gen_request.sampling.logprobs
     if streamed:

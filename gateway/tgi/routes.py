@@ -4,7 +4,8 @@ Every failure on these routes answers in TGI's shape `{"error", "error_type"}` (
 `text-generation` client turns `error_type` into its exception classes): validation is a
 real 422 before any stream starts, an overloaded engine a 429 with `Retry-After`.
 
-Model selection: the `x-model` header, else the only served model. The routes live on
+Model selection: the `x-model` header (a model or an alias), else the only served model;
+the model's router picks the deployment. The routes live on
 an `APIRouter` whose route class converts errors, so a dependency added when including
 the router (auth) answers in TGI's shape too.
 """
@@ -131,7 +132,7 @@ async def prepare(request: Request, *, stream: bool | None) -> tuple[Prepared, b
     compat = stream is None  # POST /: TGI's compat route
     streamed = body.stream if compat else bool(stream)
     todo = plan(body, stream=streamed, full_text_default=compat)
-    backend = state.models.pick(entry).backend
+    backend = entry.router
     info = backend.info()
     count, ids = await _prompt(backend, info, body.inputs, todo)
     check_length(count, todo.sampling.max_tokens, info)
@@ -194,5 +195,5 @@ async def compat_generate(request: Request) -> Response:
 async def info(request: Request) -> Response:
     state = gateway_state(request)
     entry = resolve_model(state, request)
-    model_info = state.models.pick(entry).backend.info()
+    model_info = entry.router.info()
     return JSONResponse(info_body(model_info, version=request.app.version))

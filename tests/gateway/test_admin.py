@@ -38,7 +38,12 @@ def test_health_503_while_not_ready(serve_app) -> None:
     url = serve_app(create_app(Settings(), backends={"ok": EchoBackend(), "loading": loading}))
     response = httpx.get(f"{url}/health")
     assert response.status_code == 503
-    assert response.json()["models"]["loading"] == {"ready": False, "detail": "loading"}
+    report = response.json()["models"]["loading"]
+    assert (report["ready"], report["detail"]) == (False, "loading")
+    deployment = report["deployments"]["loading"]
+    assert (deployment["ready"], deployment["detail"], deployment["in_flight"]) == (
+        False, "loading", 0)
+    assert deployment["state"] in ("healthy", "unhealthy")  # once the health checker saw it
     loading.ready = True
     assert httpx.get(f"{url}/health").status_code == 200
 

@@ -176,7 +176,8 @@ def test_aliases_and_sole_model(serve_app) -> None:
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="k", max_retries=0)
     out = client.chat.completions.create(model="gpt-4o", messages=MESSAGES, max_tokens=1)
     assert out.model == "echo"
-    assert client.models.retrieve("e").id == "echo"
+    alias = client.models.retrieve("e")
+    assert (alias.id, alias.alias_of) == ("e", "echo")
     response = httpx.post(f"{url}/v1/chat/completions", json={"messages": MESSAGES})
     assert response.status_code == 200, response.text
     with pytest.raises(openai.NotFoundError):

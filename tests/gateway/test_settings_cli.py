@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from gateway.cli import build_parser, main, settings_from_args
-from gateway.settings import Settings, parse_memory
+from gateway.settings import ConfigError, Settings, parse_memory
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -94,7 +94,7 @@ def test_config_file(tmp_path: Path) -> None:
 def test_bad_config_file(tmp_path: Path) -> None:
     path = tmp_path / "models.yaml"
     path.write_text("models:\n  - name: x\n")
-    with pytest.raises(ValidationError):
+    with pytest.raises(ConfigError, match=r"models\[0\]: `model_id` or `deployments` is required"):
         Settings(config_file=path).model_specs()
 
 

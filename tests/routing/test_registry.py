@@ -16,7 +16,8 @@ def test_resolve_names_and_aliases() -> None:
     registry.add("b", b)
     assert registry.resolve("alpha").name == "a"
     assert registry.resolve("a").aliases == ("alpha",)
-    assert registry.pick(registry.resolve("b")).backend is b
+    assert [d.backend for d in registry.resolve("b").deployments] == [b]
+    assert registry.resolve("b").router.deployments[0].name == "b"
     assert [m.name for m in registry.models()] == ["a", "b"]
     assert registry.backends() == [a, b]
     assert registry.sole_model() is None

@@ -1,0 +1,241 @@
+"""ModelRouter: one model's deployments behind the Backend contract.
+
+The gateway calls a router exactly as it would call one backend. `generate()` picks a
+deployment (routing/balancer.py), opens it and pulls its first event. Before that first
+event, a `DeploymentError` or `BackendUnavailable` moves the request to the next
+deployment (never one it tried; lower priorities once the best one's are spent), and
+counts toward the failed deployment's cooldown. Once an event has gone to the gateway
+the request is never retried: a failure then ends it. A `RequestError` (a client
+mistake, an upstream 4xx) is neither retried nor counted as a failure.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+
+import anyio
+
+from backends.base import (
+    Backend,
+    BackendStats,
+    BackendUnavailable,
+    DeploymentError,
+    GenerationEvent,
+    GenerationRequest,
+    Health,
+    ModelInfo,
+    RequestError,
+    StepTiming,
+)
+from routing.balancer import Balancer, best_tier
+from routing.deployment import Deployment
+from routing.errors import NoHealthyDeployment
+from routing.health import probe
+from routing.policy import RoutingPolicy
+from routing.stats import Outcome
+
+log = logging.getLogger("switchyard.routing")
+Events = AsyncIterator[GenerationEvent]
+RETRYABLE = (DeploymentError, BackendUnavailable)
+
+
+@dataclass
+class _Attempt:
+    """One try of a request on one deployment (counted in flight until it ends)."""
+
+    deployment: Deployment
+    started: float
+    events: Events | None = None
+    first: GenerationEvent | None = None
+
+
+async def _close(events: Events | None) -> None:
+    aclose = getattr(events, "aclose", None)
+    if aclose is None:
+        return
+    with anyio.CancelScope(shield=True):
+        try:
+            await aclose()
+        except Exception:
+            log.exception("closing a deployment's generation failed")
+
+
+class ModelRouter:
+    """Routes one model's requests over its deployments; implements `Backend`."""
+
+    def __init__(
+        self, model: str, deployments: Sequence[Deployment], policy: RoutingPolicy,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not deployments:
+            raise ValueError(f"model {model!r} has no deployments")
+        names = [d.name for d in deployments]
+        if len(set(names)) != len(names):
+            raise ValueError(f"model {model!r}: deployment names must be unique, got {names}")
+        self.model = model
+        self.deployments = tuple(deployments)
+        self.policy = policy
+        self._clock = clock
+        self._balancer = Balancer()
+
+    # -- generation -------------------------------------------------------------------
+
+    def generate(self, req: GenerationRequest) -> Events:
+        return self._generate(req)
+
+    async def _generate(self, req: GenerationRequest) -> Events:
+        attempt = await self._open(req)
+        assert attempt.events is not None
+        outcome: Outcome | None = None
+        finish: str | None = None
+        try:
+            event = attempt.first
+            while event is not None:
+                finish = event.finish_reason
+                yield event
+                if finish is not None:
+                    break
+                event = await anext(attempt.events, None)
+        except RETRYABLE as exc:  # after the first event: never retried
+            self._failed(attempt.deployment, exc)
+            outcome = "failure"
+            raise
+        except RequestError:
+            outcome = "client_error"
+            raise
+        except Exception:
+            outcome = "failure"
+            raise
+        finally:
+            if outcome is None and (finish is not None or attempt.first is None):
+                outcome = "failure" if finish == "error" else "success"
+            await self._end(attempt, outcome)
+
+    async def _open(self, req: GenerationRequest) -> _Attempt:
+        """The first attempt that yields a first event (or ends cleanly), with fallbacks."""
+        tried: list[Deployment] = []
+        failed: tuple[_Attempt, Exception] | None = None
+        while True:
+            deployment = self._balancer.choose(self.deployments, tried)
+            if failed is not None:
+                await self._end(failed[0], "fallback" if deployment else "failure")
+                if deployment is None:
+                    raise failed[1]
+                log.warning("model %s: deployment %s failed (%s); trying %s", self.model,
+                            failed[0].deployment.name, failed[1], deployment.name)
+            if deployment is None:
+                raise self._no_healthy()
+            tried.append(deployment)
+            attempt = _Attempt(deployment, self._clock())
+            deployment.in_flight += 1
+            try:
+                attempt.events = deployment.backend.generate(req)
+                attempt.first = await anext(attempt.events, None)
+                return attempt
+            except RETRYABLE as exc:
+                self._failed(deployment, exc)
+                failed = (attempt, exc)
+            except RequestError:
+                await self._end(attempt, "client_error")
+                raise
+            except Exception:
+                await self._end(attempt, "failure")
+                raise
+            except BaseException:  # cancelled: the client left
+                await self._end(attempt, None)
+                raise
+
+    def _failed(self, deployment: Deployment, exc: Exception) -> None:
+        if deployment.failed(self._clock(), self.policy, str(exc) or type(exc).__name__):
+            log.warning("model %s: deployment %s %s", self.model, deployment.name,
+                        deployment.detail)
+
+    async def _end(self, attempt: _Attempt, outcome: Outcome | None) -> None:
+        deployment = attempt.deployment
+        deployment.in_flight -= 1
+        if outcome == "success":
+            deployment.succeeded()
+        if outcome is not None:
+            seconds = None if outcome == "client_error" else self._clock() - attempt.started
+            deployment.stats.record(outcome, seconds)
+        await _close(attempt.events)
+
+    def _no_healthy(self) -> NoHealthyDeployment:
+        now = self._clock()
+        waits = [d.retry_at - now for d in self.deployments if not d.in_rotation]
+        return NoHealthyDeployment(self.model, min(waits, default=1.0))
+
+    # -- the rest of the Backend contract ---------------------------------------------
+
+    def preferred(self) -> Deployment:
+        """The deployment asked for token counts and model info: the best one in rotation."""
+        tier = best_tier(self.deployments)
+        if tier:
+            return tier[0]
+        return min(self.deployments, key=lambda d: d.priority)
+
+    def count_tokens(self, req: GenerationRequest) -> int:
+        return self.preferred().backend.count_tokens(req)
+
+    def tokenize(self, req: GenerationRequest) -> list[int]:
+        tokenize = getattr(self.preferred().backend, "tokenize", None)
+        if tokenize is None:  # optional for a backend; only TGI's `truncate` needs it
+            raise RequestError("this model's backend cannot tokenize, so `truncate` is not "
+                               "supported", param="truncate")
+        return tokenize(req)
+
+    def info(self) -> ModelInfo:
+        return self.preferred().backend.info()
+
+    def backends(self) -> list[Backend]:
+        """The distinct backends behind this model."""
+        seen: dict[int, Backend] = {}
+        for d in self.deployments:
+            seen.setdefault(id(d.backend), d.backend)
+        return list(seen.values())
+
+    async def start(self) -> None:
+        for backend in self.backends():
+            await backend.start()
+
+    async def close(self) -> None:
+        for backend in reversed(self.backends()):
+            await backend.close()
+
+    async def health(self) -> Health:
+        """Ready when a deployment in rotation answers ready now."""
+        details = []
+        for d in self.deployments:
+            health = await probe(d.backend, self.policy.probe_timeout)
+            if health.ready and d.in_rotation:
+                return Health(ready=True)
+            details.append(f"{d.name}: {d.detail or health.detail or 'not ready'}")
+        return Health(ready=False, detail="; ".join(details))
+
+    def stats(self) -> BackendStats:
+        """Every backend's gauges and counters, summed."""
+        results: list[BackendStats] = []
+        backends = self.backends()
+        for backend in backends:
+            try:
+                results.append(backend.stats())
+            except Exception:  # one broken deployment must not hide the others' gauges
+                if len(backends) == 1:
+                    raise
+                log.exception("model %s: stats() of a deployment failed", self.model)
+        total: dict[str, int] = {}
+        for stats in results:
+            for name, value in vars(stats).items():
+                total[name] = total.get(name, 0) + value
+        return BackendStats(**total)
+
+    def drain_step_timings(self) -> list[StepTiming]:
+        steps: list[StepTiming] = []
+        for backend in self.backends():
+            drain = getattr(backend, "drain_step_timings", None)
+            if drain is not None:
+                steps.extend(drain())
+        return steps
