@@ -50,12 +50,17 @@ def test_default_model_knows_the_capital_of_france() -> None:
         (model,) = client.models.list().data
         answer = client.chat.completions.create(
             model=model.id, temperature=0, max_tokens=40,
-            messages=[{"role": "user", "content": "What is the capital of France?"}],
+            # "What is the capital of France?" opens on a near-tie (top-2 logits 0.08 apart,
+            # "The" or "L'"): float32 (AVX2) and bf16 engines answered differently. Here the
+            # margins are >= 0.6 on both and the dequantized model's, and all say Paris.
+            messages=[{"role": "user", "content": "Tell me the capital of France."}],
         )
         assert "Paris" in answer.choices[0].message.content
         info = httpx.get(f"{url}/info").json()
         assert info["quantization"].startswith("gguf")  # kept packed in memory
-        assert 50e6 < info["weight_bytes"] < 0.5 * 135e6 * 2  # well under bf16's size
+        # kept packed, the tied embedding too, on every instruction set: <= 0.4x the bf16
+        # size (134.5M weights; measured 0.38 on AVX-512 and with torch's AVX2 packing)
+        assert 50e6 < info["weight_bytes"] <= 0.4 * 134.5e6 * 2
     finally:
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=60) in (0, -signal.SIGINT)  # uvicorn re-raises SIGINT

@@ -1,26 +1,30 @@
 """Int4Linear: 4-bit weights packed for torch's weight-only int4 kernels.
 
-CPU: `aten._weight_int4pack_mm_for_cpu` below `DENSE_MIN_ROWS` rows (decode, decode batches);
-from there on (prefill) the packed weight is dequantized into a bf16 [K, N] buffer and
-multiplied there: the kernel's cost grows with rows, the dequantization's does not, and at
-prefill sizes the dequantize + bf16 matmul is several times faster.
+CPU: `aten._weight_int4pack_mm_for_cpu` below `DENSE_MIN_ROWS` rows (decode, decode batches),
+always fed bf16 activations (see `KERNEL_DTYPE`); from there on (prefill) the packed weight is
+dequantized into a [K, N] buffer in the engine's dtype and multiplied there: the kernel's cost
+grows with rows, the dequantization's does not. The packing's layout is read off a probe once
+per process (`int4_layout.py`); where it is unknown the dense path and packed row reads are off.
 CUDA: torch's tinygemm (`aten._weight_int4pack_mm`, sm80+, bf16), else dequantize + matmul.
 """
 
 from __future__ import annotations
 
-import functools
-
 import torch
 from torch import nn
 
 from backends.quantized.affine import AffineInt4
+from backends.quantized.int4_layout import Int4PackLayout, cpu_int4_layout
 
 # From here on dequantize + matmul beats the CPU int4 kernel. Measured on 2 cores: about 48
 # rows for a 2304 x 768 weight, but above 256 for a 49152-row lm_head (dequantizing it costs
 # more per weight); 128 keeps decode batches on the kernel and prefill on the matmul.
 DENSE_MIN_ROWS = 128
-_BLOCK_N = 64  # the CPU packing's row block on AVX-512 machines (checked at run time)
+# The packed kernels take bf16 activations whatever the engine's dtype. On CPU fp32 ones cost
+# 15-40x more (1 thread, rows 1 / 16 / 64, 768x2304 weight: AVX-512 3.2 / 50 / 193 ms fp32 vs
+# 0.12 / 0.79 / 2.8 ms bf16; AVX2 3.4 / 49 / 196 vs 0.23 / 1.7 / 4.3 ms): the kernel does not
+# use bf16 matmul hardware, so this holds where bf16 matmuls are slow, too.
+KERNEL_DTYPE = torch.bfloat16
 
 
 class Int4Linear(nn.Module):
@@ -40,14 +44,16 @@ class Int4Linear(nn.Module):
         self.shards = shards or [self.out_features]
         self.group_size, self.repeats = group, weight.repeats
         self.kernel = _pick_kernel(device, dtype)
-        self.compute_dtype = torch.bfloat16 if self.kernel == "cuda-tinygemm" else dtype
+        self.dtype = dtype  # the engine's: inputs, outputs and the dequantized weight
+        self.kernel_dtype = dtype if self.kernel == "dequantize" else KERNEL_DTYPE
         self.register_buffer("perm", None if weight.perm is None else weight.perm.to(device))
         self.register_buffer("bias", None if bias is None else bias.to(device, dtype))
         self.register_buffer("packed", _pack(weight.q, self.kernel, device))
-        scale, zero = weight.scale.to(self.compute_dtype), weight.zero.to(self.compute_dtype)
+        scale, zero = weight.scale.to(self.kernel_dtype), weight.zero.to(self.kernel_dtype)
         self.register_buffer("scale_zeros", torch.stack([scale.t(), zero.t()], -1).contiguous()
                              .to(device))
-        self.dense_ok = self.kernel == "cpu-int4pack" and _cpu_layout_known(self.out_features)
+        self.layout = _cpu_layout(self.out_features) if self.kernel == "cpu-int4pack" else None
+        self.dense_ok = self.layout is not None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -66,40 +72,37 @@ class Int4Linear(nn.Module):
             return x @ self.dequantize_kn().to(x.dtype)
         if self.repeats > 1:  # the weight's halves each see the whole input
             x = x.repeat(1, self.repeats)
-        if self.kernel == "cpu-int4pack":
-            return torch.ops.aten._weight_int4pack_mm_for_cpu(
-                x, self.packed, self.group_size, self.scale_zeros
-            )
-        out = torch.ops.aten._weight_int4pack_mm(
-            x.to(torch.bfloat16), self.packed, self.group_size, self.scale_zeros
-        )
+        mm = (torch.ops.aten._weight_int4pack_mm_for_cpu if self.kernel == "cpu-int4pack"
+              else torch.ops.aten._weight_int4pack_mm)
+        out = mm(x.to(self.kernel_dtype), self.packed, self.group_size, self.scale_zeros)
         return out.to(x.dtype)
 
     def dequantize_kn(self) -> torch.Tensor:
-        """The weight as [K, N] in the compute dtype (kernel column order; halves summed)."""
+        """The weight as [K, N] in the engine's dtype (kernel column order; halves summed)."""
         n, k = self.out_features, self.in_features * self.repeats
         if self.kernel == "dequantize":
             q = self.packed  # stored plain as [K, N] uint8 on this path
+        elif self.layout is not None:
+            q = self.layout.unpack(self.packed, n, k)
         else:
-            b = self.packed.view(n // _BLOCK_N, k, _BLOCK_N // 2)
-            q = torch.cat([b & 15, b >> 4], -1).permute(1, 0, 2).reshape(k, n)
-        q = q.reshape(k // self.group_size, self.group_size, n).to(self.compute_dtype)
-        scale = self.scale_zeros[:, :, 0].unsqueeze(1)  # [G, 1, N]
-        zero = self.scale_zeros[:, :, 1].unsqueeze(1) - 8 * scale
+            raise RuntimeError("this CPU's int4 packing layout is unknown: no dense path")
+        q = q.reshape(k // self.group_size, self.group_size, n).to(self.dtype)
+        sz = self.scale_zeros.to(self.dtype)
+        scale = sz[:, :, 0].unsqueeze(1)  # [G, 1, N]
+        zero = sz[:, :, 1].unsqueeze(1) - 8 * scale
         w = torch.addcmul(zero, q, scale).view(k, n)
         return w if self.repeats == 1 else w.view(self.repeats, -1, n).sum(0)
 
     def rows(self, index: torch.Tensor) -> torch.Tensor:
         """Rows `index` of the dequantized weight, [len(index), in_features], read straight
         from the packed tensor (a tied embedding looks tokens up here). Needs `dense_ok`."""
+        if self.layout is None:
+            raise RuntimeError("this CPU's int4 packing layout is unknown: no packed rows")
         k = self.in_features * self.repeats
-        blocks = self.packed.view(self.out_features // _BLOCK_N, k, _BLOCK_N // 2)
-        local = index % _BLOCK_N
-        picked = blocks[index // _BLOCK_N, :, local % (_BLOCK_N // 2)]  # [T, K] bytes
-        q = (picked >> (4 * (local // (_BLOCK_N // 2))).unsqueeze(1)) & 15
-        sz = self.scale_zeros[:, index]  # [G, T, 2]
+        q = self.layout.rows(self.packed, index, k)  # [T, K]
+        sz = self.scale_zeros[:, index].to(self.dtype)  # [G, T, 2]
         scale, zero = sz[..., 0].t().unsqueeze(-1), sz[..., 1].t().unsqueeze(-1)
-        q = q.view(len(index), -1, self.group_size).to(self.compute_dtype)
+        q = q.view(len(index), -1, self.group_size).to(self.dtype)
         w = ((q - 8) * scale + zero).view(len(index), k)
         if self.repeats > 1:
             w = w.view(len(index), self.repeats, -1).sum(1)
@@ -114,8 +117,8 @@ class Int4Linear(nn.Module):
 
 def int4_kernel_name(device: torch.device) -> str:
     return {
-        "cpu-int4pack": "torch int4 weight-only mm (_weight_int4pack_mm_for_cpu; "
-                        f"dequantize + bf16 matmul from {DENSE_MIN_ROWS} rows)",
+        "cpu-int4pack": "torch int4 weight-only mm (_weight_int4pack_mm_for_cpu, bf16 "
+                        f"activations; dequantize + matmul from {DENSE_MIN_ROWS} rows)",
         "cuda-tinygemm": "torch tinygemm int4 (_weight_int4pack_mm)",
         "dequantize": "dequantize + matmul (fallback)",
     }[_pick_kernel(device, torch.bfloat16)]
@@ -123,7 +126,7 @@ def int4_kernel_name(device: torch.device) -> str:
 
 def can_read_rows(out_features: int, device: torch.device) -> bool:
     """Will an Int4Linear of this size on `device` support `rows()`?"""
-    return device.type == "cpu" and _cpu_layout_known(out_features)
+    return device.type == "cpu" and _cpu_layout(out_features) is not None
 
 
 def _pick_kernel(device: torch.device, dtype: torch.dtype) -> str:
@@ -144,17 +147,6 @@ def _pack(q: torch.Tensor, kernel: str, device: torch.device) -> torch.Tensor:
     return q.t().contiguous().to(device)  # 1 byte a weight: the portable fallback
 
 
-@functools.cache
-def _cpu_block64_layout() -> bool:
-    """Does this CPU's int4 packing use the 64-row blocks `dequantize_kn` reads?"""
-    q = torch.randint(0, 16, (_BLOCK_N * 2, 64), generator=torch.Generator().manual_seed(0),
-                      dtype=torch.int32)
-    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
-    b = packed.view(2, 64, _BLOCK_N // 2)
-    unpacked = torch.cat([b & 15, b >> 4], -1).permute(0, 2, 1).reshape(q.shape)
-    return torch.equal(unpacked.to(torch.int32), q)
-
-
-def _cpu_layout_known(out_features: int) -> bool:
-    return out_features % _BLOCK_N == 0 and _cpu_block64_layout()
-
+def _cpu_layout(out_features: int) -> Int4PackLayout | None:
+    layout = cpu_int4_layout()
+    return layout if layout is not None and layout.supports(out_features) else None

@@ -3,7 +3,10 @@ dense transformers model to compare against."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -14,8 +17,17 @@ from backends.native.config import EngineConfig
 from backends.native.engine import LLMEngine
 from tests.fixtures.quantized._common import STEPS
 
-FIXTURES = Path(__file__).parents[1] / "fixtures" / "quantized"
-LOGIT_TOLERANCE = 2e-2
+ROOT = Path(__file__).parents[2]
+FIXTURES = ROOT / "tests" / "fixtures" / "quantized"
+# bf16 logits of the tiny fixtures lie within about +-1.2, where a bf16 step is 2^-7 = 0.0078.
+# Max |difference| measured over all 10 GPTQ / AWQ fixtures, 16 steps, native engine against
+# transformers + gptqmodel live, the plain dequantization live and the recording, and the engine
+# on gptqmodel's kernels against the recording: 0.0195 on AVX-512-BF16, 0.021 under
+# ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 (oneDNN's bf16 matmuls round differently
+# there); the reference library's own live logits are up to 0.020 off its recording. About 4
+# bf16 steps: two roundings of the same weights (scale and zero in bf16 vs w in bf16) carried
+# through 2 layers. Unpacking itself is checked exactly (int4_layout_check.py).
+LOGIT_TOLERANCE = 3e-2
 
 
 def fixture_folder(name: str, tokenizer_dir: Path, tmp: Path) -> Path:
@@ -105,3 +117,19 @@ def quantized_linear_bytes(engine: LLMEngine) -> int:
 
     model = engine.loaded.model
     return sum(resident_bytes(model.get_submodule(n)) for n in model.quantizable_linears())
+
+
+def has_avx2() -> bool:
+    return "avx2" in Path("/proc/cpuinfo").read_text()
+
+
+def run_in_child(module: str, capability: str, *args: str, timeout: float = 300) -> str:
+    """`python -m module args` with torch dispatching to `capability` (and oneDNN limited to
+    AVX2 when it is avx2); its stdout, or the test fails with its output."""
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": capability, "OMP_NUM_THREADS": "1"}
+    if capability == "avx2":
+        env["ONEDNN_MAX_CPU_ISA"] = "AVX2"
+    done = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
