@@ -29,6 +29,7 @@ class BackendSpec:
 def _native(spec: BackendSpec) -> Backend:
     from backends.native.backend import NativeBackend
     from backends.native.config import EngineConfig
+    from backends.native.startup_cache import DEFAULT_CACHE_DIR
 
     known = {f.name for f in dataclasses.fields(EngineConfig)} - {"model", "served_model_name"}
     unknown = sorted(set(spec.options) - known)
@@ -37,7 +38,9 @@ def _native(spec: BackendSpec) -> Backend:
             f"model {spec.name!r}: unknown native backend option(s) {unknown}; "
             f"known: {sorted(known)}"
         )
-    config = EngineConfig(model=spec.model_id, served_model_name=spec.name, **spec.options)
+    # served models cache their startup by default; engines built directly (tests) do not
+    options = {"cache_dir": DEFAULT_CACHE_DIR, **spec.options}
+    config = EngineConfig(model=spec.model_id, served_model_name=spec.name, **options)
     return NativeBackend(config)
 
 

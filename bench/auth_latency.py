@@ -13,7 +13,7 @@ requests, round-robin over the arms, so drift hits every arm alike:
 It prints p50/p99 per arm and what each auth arm adds over `off`, then the policy alone
 (authenticate + admit + settle, in process, same Redis). Target: < 1 ms added at p50.
 
-    .venv/bin/python -m bench.auth_latency [--requests 2000] [--warmup 200]
+    .venv/bin/python -m bench.auth_latency [--requests 2000] [--warmup 200] [--json out.json]
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from backends.base import (
     TokenInfo,
     Usage,
 )
+from bench.common import facts_line, machine_facts, write_json
 
 ADMIN_KEY = "bench-admin-key"
 BODY = {"model": "null", "messages": [{"role": "user", "content": "one two three four"}],
@@ -207,10 +208,13 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=200)
     parser.add_argument("--serve", help=argparse.SUPPRESS)
     parser.add_argument("--redis-url", help=argparse.SUPPRESS)
+    parser.add_argument("--json", default=None, help="also write figures + machine facts here")
     args = parser.parse_args()
     if args.serve:
         serve(args.serve, args.redis_url)
         return
+    facts = machine_facts(None, threads=1)  # no model; each gateway runs OMP_NUM_THREADS=1
+    print(facts_line(facts))
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         redis, redis_url = start_redis(folder)
@@ -225,6 +229,9 @@ def main() -> None:
             times = measure(arms, args.requests, args.warmup)
             alone = asyncio.run(policy_alone(redis_url, arms["limits"][1] or "", args.requests))
             report(times, alone, args.requests)
+            write_json(args.json, facts, {
+                name: dict(zip(("p50_ms", "p99_ms"), percentiles(samples), strict=True))
+                for name, samples in {**times, "policy_alone": alone}.items()})
         finally:
             for proc in reversed(procs):
                 proc.terminate()

@@ -6,6 +6,7 @@ because OpenMP reads its binding variables once, when the library is loaded.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import sys
@@ -55,6 +56,52 @@ def configure_threads(threads: int, bind: bool) -> str:
     for name in ("OMP_PROC_BIND", "OMP_PLACES"):
         os.environ.pop(name, None)
     return f"{threads} threads, " + (f"bound to cores 0-{threads - 1}" if bind else "unbound")
+
+
+def resolve_bench_dtype(name: str) -> str:
+    """`--dtype` for a CPU bench: `auto` is the engine's choice for this machine."""
+    from backends.native.cpu_dtype import machine_cpu_choice
+
+    return machine_cpu_choice().name if name == "auto" else name
+
+
+def machine_facts(dtype: str | None, threads: int) -> dict[str, Any]:
+    """What a figure depends on: CPU model, torch's capability, native bf16, dtype, threads.
+
+    Printed by every bench and recorded in every bench JSON, so that figures from different
+    machines are never compared blind.
+    """
+    import torch
+
+    from backends.native.cpu_dtype import gather_cpu_facts, machine_cpu_choice
+
+    facts = gather_cpu_facts()
+    auto = machine_cpu_choice()  # bf16 exactly where bf16 matmul is native
+    return {
+        "cpu_model": facts.model_name,
+        "torch_cpu_capability": facts.capability,
+        "bf16_native": auto.dtype == torch.bfloat16,
+        "auto_dtype_reason": auto.reason,
+        "isa_caps": dict(facts.env),
+        "dtype": dtype,
+        "threads": threads,
+        "torch": torch.__version__,
+    }
+
+
+def facts_line(facts: dict[str, Any]) -> str:
+    caps = " ".join(f"{k}={v}" for k, v in facts["isa_caps"].items())
+    return (f"machine: {facts['cpu_model']}, torch {facts['torch']} capability "
+            f"{facts['torch_cpu_capability']}{' (' + caps + ')' if caps else ''}, bf16 native: "
+            f"{'yes' if facts['bf16_native'] else 'no'}; dtype {facts['dtype'] or 'n/a'}, "
+            f"{facts['threads']} threads")
+
+
+def write_json(path: str | None, facts: dict[str, Any], results: dict[str, Any]) -> None:
+    """Write `{"machine": facts, "results": results}` to `path` (nothing when path is None)."""
+    if path:
+        Path(path).write_text(json.dumps({"machine": facts, "results": results}, indent=2))
+        print(f"wrote {path}")
 
 
 def write_random_llama(folder: Path, seed: int = 0, **overrides: Any) -> Path:

@@ -7,6 +7,7 @@
 
 The engine is driven in-process; a token's time is the end of the step that made it
 (what a client sees, less the HTTP hop). Usage: python -m bench.scheduling [--only X]
+[--dtype auto] [--json out.json]
 """
 
 from __future__ import annotations
@@ -18,7 +19,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import configure_threads, random_prompts, write_random_llama
+from bench.common import (
+    configure_threads,
+    facts_line,
+    machine_facts,
+    random_prompts,
+    resolve_bench_dtype,
+    write_json,
+    write_random_llama,
+)
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -26,11 +35,11 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def _engine(folder: Path, threads: int, **options: Any):
+def _engine(folder: Path, threads: int, dtype: str, **options: Any):
     from backends.native.config import EngineConfig
     from backends.native.engine import LLMEngine
 
-    config = EngineConfig(model=str(folder), dtype="bfloat16", max_total_tokens=2048,
+    config = EngineConfig(model=str(folder), dtype=dtype, max_total_tokens=2048,
                           max_batch_size=64, num_threads=threads, **options)
     engine = LLMEngine(config)
     warm = [list(range(10, 90))] * 2
@@ -67,13 +76,14 @@ def _run(engine, arrivals: list[tuple[float, str, list[int], int]]) -> dict[str,
     return times
 
 
-def shared_prefix(folder: Path, threads: int) -> None:
+def shared_prefix(folder: Path, threads: int, dtype: str) -> dict[str, dict[str, float]]:
     system = random_prompts(1, 512, 32000, seed=1)[0]
     suffixes = random_prompts(64, 64, 32000, seed=2)
     arrivals = [(0.0, f"p{i}", system + s, 32) for i, s in enumerate(suffixes)]
     print("shared-prefix: 64 x (512 shared + 64 unique) prompt tokens, 32 new tokens")
+    figures: dict[str, dict[str, float]] = {}
     for caching in (False, True):
-        engine = _engine(folder, threads, prefix_caching=caching)
+        engine = _engine(folder, threads, dtype, prefix_caching=caching)
         start = time.perf_counter()
         times = _run(engine, arrivals)
         wall = time.perf_counter() - start
@@ -82,18 +92,25 @@ def shared_prefix(folder: Path, threads: int) -> None:
         print(f"  prefix cache {'on ' if caching else 'off'}: TTFT p50 {_percentile(ttft, .5):6.2f}"
               f" s  p99 {_percentile(ttft, .99):6.2f} s   throughput {tokens / wall:7.1f} tok/s"
               f"   cache hits {engine.block_manager.hits}/{engine.block_manager.queries}")
+        figures[f"prefix_cache_{'on' if caching else 'off'}"] = {
+            "ttft_p50_s": _percentile(ttft, .5), "ttft_p99_s": _percentile(ttft, .99),
+            "output_tokens_per_s": tokens / wall}
         del engine
+    return figures
 
 
-def mixed(folder: Path, threads: int, long_prompts: int, interval: float) -> None:
+def mixed(
+    folder: Path, threads: int, dtype: str, long_prompts: int, interval: float,
+) -> dict[str, dict[str, float]]:
     streams = random_prompts(16, 64, 32000, seed=3)
     longs = random_prompts(long_prompts, 1500, 32000, seed=4)
     arrivals = [(0.0, f"s{i}", p, 96) for i, p in enumerate(streams)]
     arrivals += [(0.5 + i * interval, f"l{i}", p, 4) for i, p in enumerate(longs)]
     print(f"mixed: 16 streams x 96 new tokens; a 1,500-token prompt every {interval}s "
           f"({long_prompts} in all)")
+    figures: dict[str, dict[str, float]] = {}
     for chunked in (False, True):
-        engine = _engine(folder, threads, chunked_prefill=chunked, max_batch_prefill_tokens=(
+        engine = _engine(folder, threads, dtype, chunked_prefill=chunked, max_batch_prefill_tokens=(
             512 if chunked else 2048), prefix_caching=False)
         times = _run(engine, arrivals)
         gaps = [b - a for rid, t in times.items() if rid.startswith("s")
@@ -101,7 +118,11 @@ def mixed(folder: Path, threads: int, long_prompts: int, interval: float) -> Non
         print(f"  chunked prefill {'on ' if chunked else 'off'}: ITL p50 "
               f"{statistics.median(gaps) * 1000:7.1f} ms  p99 {_percentile(gaps, .99) * 1000:7.1f}"
               f" ms  max {max(gaps) * 1000:7.1f} ms")
+        figures[f"chunked_prefill_{'on' if chunked else 'off'}"] = {
+            "itl_p50_s": statistics.median(gaps), "itl_p99_s": _percentile(gaps, .99),
+            "itl_max_s": max(gaps)}
         del engine
+    return figures
 
 
 def main() -> None:
@@ -110,14 +131,22 @@ def main() -> None:
     parser.add_argument("--only", choices=["shared-prefix", "mixed"])
     parser.add_argument("--long-prompts", type=int, default=6)
     parser.add_argument("--interval", type=float, default=1.0)
+    parser.add_argument("--dtype", choices=("auto", "bfloat16", "float32", "float16"),
+                        default="auto", help="engine dtype (auto: the engine's choice here)")
+    parser.add_argument("--json", default=None, help="also write figures + machine facts here")
     args = parser.parse_args()
     configure_threads(args.threads, bind=False)
+    facts = machine_facts(resolve_bench_dtype(args.dtype), args.threads)
+    print(facts_line(facts))
+    results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         folder = write_random_llama(Path(tmp) / "llama")
         if args.only in (None, "shared-prefix"):
-            shared_prefix(folder, args.threads)
+            results["shared_prefix"] = shared_prefix(folder, args.threads, args.dtype)
         if args.only in (None, "mixed"):
-            mixed(folder, args.threads, args.long_prompts, args.interval)
+            results["mixed"] = mixed(folder, args.threads, args.dtype, args.long_prompts,
+                                     args.interval)
+    write_json(args.json, facts, results)
 
 
 if __name__ == "__main__":

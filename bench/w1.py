@@ -1,11 +1,14 @@
 """Workload W1: offline throughput, native engine vs transformers `generate`, in one run.
 
 64 requests, random 128-token prompts (fixed seed), exactly 64 new tokens each (greedy, EOS
-ignored), on a random ~125M Llama in bf16. transformers runs one static batch of all requests;
+ignored), on a random ~125M Llama (stored in bf16) computed in `--dtype` (default `auto`: the
+engine's choice for this CPU, bf16 only where bf16 matmul is native, float32 otherwise; both
+engines use it). transformers runs one static batch of all requests;
 the native engine gets them all at once and batches continuously. Output throughput is all
 output tokens / wall time of the generate call (vLLM's definition), after a short warm-up.
 
-    .venv/bin/python -m bench.w1 [--threads 2] [--bind] [--only native|hf]
+    .venv/bin/python -m bench.w1 [--threads 2] [--bind] [--only native|hf] [--dtype auto]
+        [--json out.json]
 """
 
 from __future__ import annotations
@@ -24,7 +27,11 @@ from bench.common import (  # noqa: E402
     RunResult,
     agreement,
     configure_threads,
+    facts_line,
+    machine_facts,
     random_prompts,
+    resolve_bench_dtype,
+    write_json,
     write_random_llama,
 )
 
@@ -45,15 +52,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--only", choices=("native", "hf"), default=None)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dtype", choices=("auto", "bfloat16", "float32", "float16"),
+                        default="auto", help="compute dtype of both engines (auto: the engine's)")
+    parser.add_argument("--json", default=None, help="also write figures + machine facts here")
     return parser.parse_args(argv)
 
 
-def run_hf(folder: Path, prompts: list[list[int]], new_tokens: int) -> RunResult:
-    """transformers generate: one static batch of every prompt, bf16, greedy."""
+def run_hf(folder: Path, prompts: list[list[int]], new_tokens: int, dtype: str) -> RunResult:
+    """transformers generate: one static batch of every prompt, greedy."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(folder).to(torch.bfloat16).eval()
+    model = AutoModelForCausalLM.from_pretrained(folder).to(getattr(torch, dtype)).eval()
     ids = torch.tensor(prompts, dtype=torch.long)
 
     def generate(batch: torch.Tensor, tokens: int) -> torch.Tensor:
@@ -74,6 +84,7 @@ def run_hf(folder: Path, prompts: list[list[int]], new_tokens: int) -> RunResult
 
 def run_native(
     folder: Path, prompts: list[list[int]], new_tokens: int, threads: int, prefill: int,
+    dtype: str,
 ) -> RunResult:
     """The native engine: every request added at once, run to completion."""
     from backends.base import SamplingParams
@@ -81,7 +92,7 @@ def run_native(
     from backends.native.engine import LLMEngine
 
     config = EngineConfig(
-        model=str(folder), dtype="bfloat16", max_total_tokens=256,
+        model=str(folder), dtype=dtype, max_total_tokens=256,
         max_batch_size=len(prompts), max_batch_prefill_tokens=prefill, num_threads=threads,
     )
     engine = LLMEngine(config)
@@ -111,18 +122,21 @@ def main(argv: list[str] | None = None) -> None:
         args.requests, args.prompt_len, LLAMA_125M["vocab_size"], args.seed
     )
     prefill = args.prefill_tokens or args.requests * args.prompt_len
+    dtype = resolve_bench_dtype(args.dtype)
+    facts = machine_facts(dtype, args.threads)
     print(
         f"W1: {args.requests} requests x {args.prompt_len} prompt + {args.new_tokens} new "
-        f"tokens, greedy, EOS ignored; random Llama ~125M bf16; {placement}"
+        f"tokens, greedy, EOS ignored; random Llama ~125M in {dtype} (--dtype {args.dtype}); "
+        f"{placement}\n{facts_line(facts)}"
     )
     results: dict[str, RunResult] = {}
     with tempfile.TemporaryDirectory(prefix="w1-") as tmp:
         folder = write_random_llama(Path(tmp), seed=args.seed)
         if args.only in (None, "hf"):
-            results["hf"] = run_hf(folder, prompts, args.new_tokens)
+            results["hf"] = run_hf(folder, prompts, args.new_tokens, dtype)
         if args.only in (None, "native"):
             results["native"] = run_native(
-                folder, prompts, args.new_tokens, args.threads, prefill
+                folder, prompts, args.new_tokens, args.threads, prefill, args.dtype
             )
     for result in results.values():
         check_lengths(result, args.requests, args.new_tokens)
@@ -133,6 +147,12 @@ def main(argv: list[str] | None = None) -> None:
         print(f"ratio native/transformers: {ratio:.2f}x")
         print(f"greedy agreement: {agreement(native.outputs, hf.outputs)}")
     print(f"total wall time: {time.perf_counter() - wall:.1f} s")
+    write_json(args.json, facts, {
+        "workload": {"requests": args.requests, "prompt_len": args.prompt_len,
+                     "new_tokens": args.new_tokens, "prefill_tokens": prefill},
+        **{name: {"output_tokens": r.output_tokens, "seconds": r.seconds,
+                  "output_tokens_per_s": r.output_throughput} for name, r in results.items()},
+    })
 
 
 if __name__ == "__main__":

@@ -91,8 +91,8 @@ class Settings(BaseSettings):
     chunked_prefill: bool | None = None
     prefix_caching: bool | None = None
     compile: bool | None = None
-    # the native engine's startup cache (backends/native/startup_cache.py); "none": off
-    cache_dir: str = "~/.cache/switchyard"
+    # the native engine's startup cache; unset: ~/.cache/switchyard (backends/registry.py)
+    cache_dir: str | None = None
 
     # Auth: an admin key, a Redis URL or keys in the config file turn API keys on.
     admin_key: SecretStr | None = None

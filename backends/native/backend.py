@@ -12,6 +12,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -79,7 +80,9 @@ class NativeBackend:
         engine = LLMEngine(self.config)
         if self.config.compile:
             log.info("warming up (compiling the decode kernel)")
+            start = time.perf_counter()
             engine.warmup()
+            log.info("load: warm-up compile %.2fs", time.perf_counter() - start)
         return engine
 
     async def close(self) -> None:
@@ -108,6 +111,7 @@ class NativeBackend:
             extra={
                 "model_id": loaded.model_path,
                 "device": loaded.device.type,
+                "dtype_reason": loaded.dtype_reason,
                 "max_batch_total_tokens": loaded.num_blocks * self.config.block_size,
                 "max_batch_size": self.config.max_batch_size,
                 "max_batch_prefill_tokens": self.config.max_batch_prefill_tokens,

@@ -34,6 +34,9 @@ class EngineConfig:
     # GPTQ / AWQ kernels: auto (gptqmodel's on CUDA when installed and one fits the layout,
     # else native; native on CPU), native (backends/quantized), gptqmodel (forced, CPU too)
     quantized_kernels: str = "auto"
+    # the startup cache (GGUF metadata, tokenizer, packed weights; torch.compile's artifacts);
+    # None or "none": off. Served models default to ~/.cache/switchyard (backends/registry.py).
+    cache_dir: str | None = None
 
     def __post_init__(self) -> None:
         check_kernels_setting(self.quantized_kernels)

@@ -117,6 +117,13 @@ def gguf_config(reader: GGUFReader) -> transformers.PretrainedConfig:
     return transformers.LlamaConfig(head_dim=head_dim, **kwargs)
 
 
+def config_from_dict(raw: dict[str, Any]) -> transformers.PretrainedConfig:
+    """The config `gguf_config` built, from its `to_dict()` (as the startup cache keeps it).
+    The concrete classes: transformers' AutoConfig machinery costs seconds to import."""
+    classes = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config}
+    return classes[raw["model_type"]].from_dict(raw)
+
+
 def gguf_extra_eos_ids(reader: GGUFReader) -> list[int]:
     """End-of-turn tokens llama.cpp also stops on (EOT, EOM), when the file declares them."""
     keys = ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")

@@ -11,6 +11,7 @@ import json
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -19,6 +20,7 @@ from safetensors import safe_open
 
 from backends.native import gguf_reader
 from backends.native.model_support import UnsupportedModelError, check_supported
+from backends.native.startup_cache import StartupCache
 
 __all__ = [
     "Checkpoint",
@@ -29,6 +31,7 @@ __all__ = [
 ]
 
 CheckpointFormat = Literal["safetensors", "gguf", "pytorch"]
+_METADATA_ENTRY = "metadata.json"
 # keep_quantized: GGUF only, yield quantizable Linear weights as `GGUFRaw` blocks
 TensorStream = Callable[[bool], Iterator[tuple[str, Any]]]
 
@@ -48,6 +51,8 @@ class Checkpoint:
     metadata: dict[str, Any] = field(default_factory=dict, repr=False)
     # GGUF only: the lm_head's blocks (output.weight, or token_embd when tied) can stay packed
     quantized_lm_head: bool = False
+    # GGUF only: config and metadata came from the startup cache (the file was not parsed)
+    metadata_cached: bool = False
 
     def tensors(self, keep_quantized: bool = False) -> Iterator[tuple[str, Any]]:
         """(HF parameter name, tensor), one at a time. GGUF tensors are dequantized to float32,
@@ -55,13 +60,15 @@ class Checkpoint:
         return self._stream(keep_quantized)
 
 
-def load_checkpoint(path: str) -> Checkpoint:
+def load_checkpoint(path: str, cache: StartupCache | None = None) -> Checkpoint:
+    """`cache`: GGUF files keep their parsed metadata there (parsing it takes seconds)."""
     if not os.path.exists(path):
         raise CheckpointError(f"Checkpoint path does not exist: {path}")
     if os.path.isdir(path):
         return _load_folder(path)
     if path.endswith(".gguf"):
-        return _load_gguf(path)
+        cached = _gguf_from_cache(path, cache) if cache is not None else None
+        return cached or _load_gguf(path, cache)
     raise CheckpointError(
         f"Not a model folder or a .gguf file: {path} "
         "(give a Hugging Face model folder or a .gguf file)"
@@ -82,19 +89,54 @@ def _load_folder(path: str) -> Checkpoint:
     return Checkpoint(path, config, fmt, eos, stream)
 
 
-def _load_gguf(path: str) -> Checkpoint:
+def _load_gguf(path: str, cache: StartupCache | None = None) -> Checkpoint:
     reader = gguf_reader.open_gguf(path)
     config = gguf_reader.gguf_config(reader)
     check_supported(config)
     gguf_reader.check_tensor_types(reader)
     eos = _merge_ids(config.eos_token_id, gguf_reader.gguf_extra_eos_ids(reader))
+    metadata = gguf_reader.scalar_metadata(reader)
+    lm_head_kept = gguf_reader.lm_head_kept(reader)
+    if cache is not None:  # written only once every check above has passed
+        cache.write_json(_METADATA_ENTRY, {
+            "config": config.to_dict(), "eos": eos, "metadata": metadata,
+            "quantized_lm_head": lm_head_kept,
+        })
+    return Checkpoint(path, config, "gguf", eos, _gguf_stream(path, config, reader), metadata,
+                      lm_head_kept)
+
+
+def _gguf_from_cache(path: str, cache: StartupCache) -> Checkpoint | None:
+    entry = cache.read(_METADATA_ENTRY, _parse_metadata_entry)
+    if entry is None:
+        return None
+    config, eos, metadata, lm_head_kept = entry
+    check_supported(config)
+    return Checkpoint(path, config, "gguf", eos, _gguf_stream(path, config), metadata,
+                      lm_head_kept, metadata_cached=True)
+
+
+def _parse_metadata_entry(
+    file: Path,
+) -> tuple[transformers.PretrainedConfig, list[int], dict[str, Any], bool]:
+    entry = json.loads(file.read_text(encoding="utf-8"))
+    config = gguf_reader.config_from_dict(entry["config"])
+    eos = [int(i) for i in entry["eos"]]
+    return config, eos, dict(entry["metadata"]), bool(entry["quantized_lm_head"])
+
+
+def _gguf_stream(
+    path: str, config: transformers.PretrainedConfig, reader: gguf_reader.GGUFReader | None = None,
+) -> TensorStream:
+    """Tensors from the file, parsed only when first asked for (a cached start may never)."""
+    opened = [reader] if reader is not None else []
 
     def stream(keep_quantized: bool) -> Iterator[tuple[str, Any]]:
-        return gguf_reader.iter_gguf_tensors(reader, config, keep_quantized)
+        if not opened:
+            opened.append(gguf_reader.open_gguf(path))
+        return gguf_reader.iter_gguf_tensors(opened[0], config, keep_quantized)
 
-    metadata = gguf_reader.scalar_metadata(reader)
-    return Checkpoint(path, config, "gguf", eos, stream, metadata,
-                      gguf_reader.lm_head_kept(reader))
+    return stream
 
 
 def _weight_files(path: str) -> tuple[CheckpointFormat, list[str]]:

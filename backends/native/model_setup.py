@@ -11,13 +11,22 @@ from torch import nn
 from tqdm import tqdm
 from transformers import PretrainedConfig
 
+from backends.native import weight_cache
 from backends.native.attention import KVCache
 from backends.native.config import EngineConfig
+from backends.native.cpu_dtype import DtypeChoice, choose_dtype, machine_key
 from backends.native.default_model import resolve_model_path
-from backends.native.loader import load_checkpoint
+from backends.native.loader import Checkpoint, load_checkpoint
 from backends.native.model_support import check_supported
 from backends.native.models import build_model, sliding_window
 from backends.native.models.llama import Rotary
+from backends.native.startup_cache import (
+    LoadStages,
+    StartupCache,
+    cache_root,
+    open_cache,
+    point_inductor_cache,
+)
 from backends.native.tokenizer import Tokenizer
 from backends.quantized.config import GGUFConfig, QuantConfig, resolve_quantization
 from backends.quantized.loading import QuantizedLinears, prepare_model
@@ -47,27 +56,36 @@ class LoadedModel:
     max_total_tokens: int
     weight_bytes: int  # resident bytes of the weights (quantized ones as packed)
     quantization: str | None = None  # e.g. "gptq 4-bit group 128 sym"; None: dense
+    dtype_reason: str = ""  # why this dtype (auto's decision, or a slow explicit one)
 
 
 def load_model(config: EngineConfig) -> LoadedModel:
+    """Each stage logs its time (`load: weights 0.41s (cached)`); GGUF files keep what is slow
+    to rebuild in the startup cache (startup_cache.py)."""
     path = resolve_model_path(config.model)
     log.info("loading %s", path)
-    checkpoint = load_checkpoint(path)
+    root = cache_root(config.cache_dir)
+    point_inductor_cache(root, machine_key())
+    cache = open_cache(root, path)
+    stages = LoadStages()
+    with stages.stage("checkpoint metadata") as stage:
+        checkpoint = load_checkpoint(path, cache)
+        stage["cached"] = checkpoint.metadata_cached
     check_supported(checkpoint.config)
     hf_config = checkpoint.config
     device = torch.device(config.device)
-    dtype = resolve_dtype(config.dtype, device)
+    dtype_choice = resolve_dtype(config.dtype, device)
+    dtype = dtype_choice.dtype
     max_input, max_total = resolve_limits(config, hf_config)
     quant = resolve_quantization(hf_config, checkpoint.format, config.quantize)
-    model, linears = _build(hf_config, max_total, device, dtype, quant,
-                            checkpoint.quantized_lm_head, config.quantized_kernels)
-    log.info("reading weights (%s, %s)", checkpoint.format, dtype)
-    tensors = checkpoint.tensors(keep_quantized=isinstance(quant, GGUFConfig))
-    model.load_weights(tqdm(tensors, desc="loading weights", unit=" tensors", disable=None),
-                       linears)
-    model.eval()  # the quantized modules swapped in while loading start in training mode
-    tokenizer = Tokenizer.from_checkpoint(checkpoint)
-    num_blocks, kv_cache = _allocate_kv_cache(config, model, max_total, device, dtype)
+    with stages.stage("weights") as stage:
+        model, linears, stage["cached"] = _build_and_load(
+            config, checkpoint, cache, quant, max_total, device, dtype)
+    with stages.stage("tokenizer") as stage:
+        tokenizer = Tokenizer.from_checkpoint(checkpoint, cache)
+        stage["cached"] = tokenizer.from_cache
+    with stages.stage("kv cache"):
+        num_blocks, kv_cache = _allocate_kv_cache(config, model, max_total, device, dtype)
     weight_bytes = resident_bytes(model)
     quantization = linears.description if linears else None
     log.info(
@@ -77,17 +95,45 @@ def load_model(config: EngineConfig) -> LoadedModel:
     return LoadedModel(
         path, hf_config, model, tokenizer, kv_cache, num_blocks, device, dtype,
         sliding_window(hf_config), max_input, max_total, weight_bytes, quantization,
+        dtype_choice.reason,
     )
 
 
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        # fp16 matmul is unusably slow on CPUs; bf16 is their fast dtype.
-        return torch.bfloat16 if device.type == "cpu" else torch.float16
+def _build_and_load(
+    config: EngineConfig, checkpoint: Checkpoint, cache: StartupCache | None,
+    quant: QuantConfig | None, max_total: int, device: torch.device, dtype: torch.dtype,
+) -> tuple[nn.Module, QuantizedLinears | None, bool]:
+    """The model with its weights, and whether they came from the cache (GGUF files only:
+    unpacking and repacking their blocks is most of their load)."""
+    def build() -> tuple[nn.Module, QuantizedLinears | None]:
+        return _build(checkpoint.config, max_total, device, dtype, quant,
+                      checkpoint.quantized_lm_head, config.quantized_kernels)
+
+    model, linears = build()
+    entry = None
+    if cache is not None and checkpoint.format == "gguf":
+        entry = weight_cache.variant(device, dtype, f"{config.quantize}|{config.quantized_kernels}")
+        found = cache.path(entry).exists()
+        if cache.read(entry, lambda folder: weight_cache.restore(folder, model, linears) or True):
+            return model.eval(), linears, True
+        if found:  # the damaged entry may have filled part of this skeleton
+            model, linears = build()
+    log.info("reading weights (%s, %s)", checkpoint.format, dtype)
+    tensors = checkpoint.tensors(keep_quantized=isinstance(quant, GGUFConfig))
+    model.load_weights(tqdm(tensors, desc="loading weights", unit=" tensors", disable=None),
+                       linears)
+    model.eval()  # the quantized modules swapped in while loading start in training mode
+    if entry is not None:
+        cache.publish(entry, lambda folder: weight_cache.save(folder, model, linears))
+    return model, linears, False
+
+
+def resolve_dtype(name: str, device: torch.device) -> DtypeChoice:
+    """`--dtype` on `device`: auto decides per machine (backends/native/cpu_dtype.py)."""
     dtypes = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
-    if name not in dtypes:
+    if name != "auto" and name not in dtypes:
         raise EngineConfigError(f"--dtype {name!r} is not one of auto, {', '.join(dtypes)}")
-    return dtypes[name]
+    return choose_dtype(dtypes.get(name), device)
 
 
 def resolve_limits(config: EngineConfig, hf_config: PretrainedConfig) -> tuple[int, int]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import jinja2
@@ -16,9 +17,11 @@ import transformers
 
 from backends.native.detokenizer import IncrementalDetokenizer
 from backends.native.loader import Checkpoint
+from backends.native.startup_cache import StartupCache
 from backends.native.stop_checker import StopChecker
 
 __all__ = ["ChatTemplateError", "IncrementalDetokenizer", "StopChecker", "Tokenizer"]
+_TOKENIZER_ENTRY = "tokenizer"
 
 
 class ChatTemplateError(ValueError):
@@ -37,16 +40,26 @@ class Tokenizer:
         self.eos_token_ids: frozenset[int] = frozenset([*eos, *extra_eos_token_ids])
         special = {i for i, tok in hf.added_tokens_decoder.items() if tok.special}
         self._special_ids: frozenset[int] = frozenset(special | set(hf.all_special_ids))
+        self.from_cache = False  # a GGUF tokenizer read back from the startup cache
 
     @classmethod
-    def from_checkpoint(cls, checkpoint: Checkpoint) -> Tokenizer:
+    def from_checkpoint(
+        cls, checkpoint: Checkpoint, cache: StartupCache | None = None,
+    ) -> Tokenizer:
+        """`cache`: a GGUF file's converted tokenizer is kept there (converting takes seconds)."""
+        cached = None
         if checkpoint.format == "gguf":
-            hf = _load_gguf_tokenizer(checkpoint)
+            cached = cache.read(_TOKENIZER_ENTRY, _load_saved) if cache is not None else None
+            hf = cached or _load_gguf_tokenizer(checkpoint)
+            if cache is not None and cached is None:
+                cache.publish(_TOKENIZER_ENTRY, hf.save_pretrained)
         else:
             hf = transformers.AutoTokenizer.from_pretrained(
                 checkpoint.path, use_fast=True, local_files_only=True
             )
-        return cls(hf, checkpoint.generation_eos_token_ids)
+        tokenizer = cls(hf, checkpoint.generation_eos_token_ids)
+        tokenizer.from_cache = cached is not None
+        return tokenizer
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`, with BOS/EOS where the tokenizer adds them."""
@@ -82,6 +95,13 @@ class Tokenizer:
 
     def is_special(self, token_id: int) -> bool:
         return token_id in self._special_ids
+
+
+def _load_saved(folder: Path) -> transformers.PreTrainedTokenizerBase:
+    """A tokenizer as `save_pretrained` wrote it: its fixes to the GGUF conversion included."""
+    if not (folder / "tokenizer.json").is_file():
+        raise ValueError("no tokenizer.json")
+    return transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
 
 
 def _load_gguf_tokenizer(checkpoint: Checkpoint) -> transformers.PreTrainedTokenizerBase:

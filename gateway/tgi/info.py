@@ -28,6 +28,7 @@ def info_body(info: ModelInfo, *, version: str) -> dict[str, Any]:
         "model_id": extra.pop("model_id", info.name),
         "model_sha": None,
         "model_dtype": _torch_dtype(info.dtype),
+        "dtype_reason": extra.pop("dtype_reason", None),  # ours: why this dtype on this machine
         "model_device_type": extra.pop("device", None),
         "model_pipeline_tag": "text-generation",
         "max_best_of": MAX_BEST_OF,
