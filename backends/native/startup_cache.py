@@ -128,13 +128,20 @@ def cache_root(setting: str | None) -> Path | None:
 
 
 def point_inductor_cache(root: Path | None, machine: str) -> None:
-    """torch.compile keeps its artifacts beside ours (or in its own temp default), in a folder
-    per CPU kind, unless the user chose one. Inductor's own keys miss the CPU capability: a
-    kernel compiled without `ATEN_CPU_CAPABILITY=avx2` and reused under it decoded wrong
-    tokens. Inductor reads the variable when it first compiles, after the model loads."""
-    base = root / "inductor" if root is not None else Path(tempfile.gettempdir()) / (
-        f"torchinductor_{getpass.getuser()}")
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(base / machine))
+    """torch.compile keeps its artifacts in a folder per CPU kind, below the one the user chose
+    (TORCHINDUCTOR_CACHE_DIR), else below ours, else below torch's temp default. Inductor's
+    own keys miss the CPU capability: a kernel compiled without `ATEN_CPU_CAPABILITY=avx2`
+    and reused under it decoded wrong tokens. torch writes its default into the variable the
+    first time it reads it, so that value counts as unset here."""
+    current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    torch_default = Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}"
+    if current is not None and Path(current).name == machine:
+        return
+    if current is None or Path(current) == torch_default:
+        base = root / "inductor" if root is not None else torch_default
+    else:
+        base = Path(current)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(base / machine)
 
 
 class LoadStages:

@@ -12,14 +12,15 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
+import aiohttp
 
 from backends.base import GenerationEvent, GenerationRequest, RequestError
 from backends.remote.chunks import ChunkReader
-from backends.remote.http import open_stream, parse_json, sse_data, transport_errors
+from backends.remote.client import UpstreamClient
+from backends.remote.http import parse_json, sse_data, transport_errors
 from backends.remote.options import RemoteOptions
 from backends.remote.payload import build_payload
-from backends.remote.upstream import HEALTH_TIMEOUT_S, UpstreamBackend
+from backends.remote.upstream import UpstreamBackend
 
 log = logging.getLogger(__name__)
 
@@ -36,11 +37,9 @@ class RemoteBackend(UpstreamBackend):
         super().__init__(name, options)
         self._include_usage = True
 
-    async def discover_limits(self, client: httpx.AsyncClient) -> None:
+    async def discover_limits(self, client: UpstreamClient) -> None:
         """vLLM lists `max_model_len` with each model on /models."""
-        response = await client.get("/models", timeout=HEALTH_TIMEOUT_S)
-        response.raise_for_status()
-        for card in response.json().get("data", []):
+        for card in (await client.get_json("/models")).get("data", []):
             limit = card.get("max_model_len")
             if card.get("id") == self.upstream_model and isinstance(limit, int) and limit > 1:
                 self.max_total_tokens, self.max_input_tokens = limit, limit - 1
@@ -50,10 +49,10 @@ class RemoteBackend(UpstreamBackend):
         extra["usage_source"] = "upstream" if self._include_usage else self.counter.source
         return extra
 
-    async def _open(self, req: GenerationRequest) -> httpx.Response:
+    async def _open(self, req: GenerationRequest) -> aiohttp.ClientResponse:
         path, body = build_payload(req, self.upstream_model, include_usage=self._include_usage)
         try:
-            return await open_stream(self.client, path, body)
+            return await self.client.open_stream(path, body)
         except RequestError as exc:
             if not (self._include_usage and _refuses_stream_options(exc)):
                 raise
@@ -61,7 +60,7 @@ class RemoteBackend(UpstreamBackend):
                     self.name, self.counter.source)
         self._include_usage = False
         path, body = build_payload(req, self.upstream_model, include_usage=False)
-        return await open_stream(self.client, path, body)
+        return await self.client.open_stream(path, body)
 
     async def events(self, req: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         response = await self._open(req)
@@ -69,7 +68,7 @@ class RemoteBackend(UpstreamBackend):
         try:
             with transport_errors(self.options.base_url):
                 if response.headers.get("content-type", "").startswith("application/json"):
-                    event = reader.feed(parse_json((await response.aread()).decode()))
+                    event = reader.feed(parse_json((await response.read()).decode()))
                     if event is not None:
                         yield event
                 else:
@@ -83,4 +82,4 @@ class RemoteBackend(UpstreamBackend):
                             yield event
             yield reader.last(self.counter, req)
         finally:
-            await response.aclose()
+            response.close()  # read to its end, the connection is back in the pool already

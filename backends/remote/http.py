@@ -1,9 +1,9 @@
-"""HTTP to an upstream: one pooled client, failures as DeploymentError / RequestError, SSE.
+"""HTTP to an upstream: failures as DeploymentError / RequestError, and SSE.
 
 Mapping: connect error 502 `upstream_unreachable`, timeout 504 `upstream_timeout`, 5xx 502
 `upstream_error`, 429 429 with its Retry-After, 401/403/404 502 (our deployment is
 misconfigured, not the client's request), any other 4xx a RequestError with the upstream's
-status, message, param and code.
+status, message, param and code. The pooled session itself is `backends.remote.client`.
 """
 
 from __future__ import annotations
@@ -11,58 +11,33 @@ from __future__ import annotations
 import email.utils
 import json
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-import httpx
+import aiohttp
+from aiohttp.http_exceptions import HttpProcessingError
 
 from backends.base import DeploymentError, RequestError
-from backends.remote.options import UpstreamOptions
 
 _MISCONFIGURED = {401: "upstream_auth", 403: "upstream_auth", 404: "upstream_not_found"}
 
 
-def make_client(options: UpstreamOptions, headers: dict[str, str]) -> httpx.AsyncClient:
-    timeout = httpx.Timeout(
-        connect=options.connect_timeout, read=options.read_timeout,
-        write=options.read_timeout, pool=options.connect_timeout,
-    )
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
-    return httpx.AsyncClient(base_url=options.base_url, timeout=timeout, headers=headers,
-                             limits=limits)
-
-
 @contextmanager
 def transport_errors(base_url: str) -> Iterator[None]:
-    """httpx's failures (connecting, waiting, reading) as DeploymentErrors."""
+    """aiohttp's failures (connecting, waiting, reading) as DeploymentErrors."""
     try:
         yield
-    except httpx.ConnectError as exc:
+    except aiohttp.ClientConnectorError as exc:
         raise DeploymentError(f"cannot connect to the upstream {base_url}: {exc}",
                               status_code=502, code="upstream_unreachable") from None
-    except httpx.TimeoutException as exc:
+    except TimeoutError as exc:  # aiohttp's ServerTimeoutError (connect, read) is one
         kind = type(exc).__name__
         raise DeploymentError(f"the upstream {base_url} timed out ({kind})",
                               status_code=504, code="upstream_timeout") from None
-    except httpx.TransportError as exc:
+    except (aiohttp.ClientError, HttpProcessingError) as exc:
         raise DeploymentError(f"the connection to the upstream {base_url} broke: {exc!r}",
                               status_code=502, code="upstream_error") from None
-
-
-async def open_stream(
-    client: httpx.AsyncClient, path: str, body: dict[str, Any],
-) -> httpx.Response:
-    """POST `body` and return the streaming response once its status is known to be 2xx."""
-    with transport_errors(str(client.base_url)):
-        response = await client.send(client.build_request("POST", path, json=body), stream=True)
-        if response.status_code < 400:
-            return response
-        try:
-            raw = await response.aread()
-        finally:
-            await response.aclose()
-    raise status_error(response.status_code, raw, response.headers)
 
 
 def error_fields(raw: bytes) -> dict[str, Any]:
@@ -82,7 +57,7 @@ def error_fields(raw: bytes) -> dict[str, Any]:
     return {"message": detail if isinstance(detail, str) else json.dumps(data)[:500]}
 
 
-def retry_after(headers: httpx.Headers) -> float | None:
+def retry_after(headers: Mapping[str, str]) -> float | None:
     value = headers.get("retry-after")
     if not value:
         return None
@@ -97,7 +72,7 @@ def retry_after(headers: httpx.Headers) -> float | None:
     return max(when.timestamp() - time.time(), 0.0)
 
 
-def status_error(status: int, raw: bytes, headers: httpx.Headers) -> Exception:
+def status_error(status: int, raw: bytes, headers: Mapping[str, str]) -> Exception:
     fields = error_fields(raw)
     message = str(fields.get("message") or f"HTTP {status}")
     code = fields.get("code")
@@ -116,17 +91,20 @@ def status_error(status: int, raw: bytes, headers: httpx.Headers) -> Exception:
     )
 
 
-async def sse_data(response: httpx.Response) -> AsyncIterator[str]:
-    """The `data` of each server-sent event, as chunks arrive (multi-line data joined)."""
+async def sse_data(response: aiohttp.ClientResponse) -> AsyncIterator[str]:
+    """The `data` of each server-sent event, as chunks arrive (multi-line data joined).
+
+    The StreamReader's lines are whole however the bytes were split across chunks."""
     lines: list[str] = []
-    async for line in response.aiter_lines():
+    async for raw in response.content:
+        line = raw.rstrip(b"\r\n")
         if not line:
             if lines:
                 yield "\n".join(lines)
                 lines = []
             continue
-        if line.startswith("data:"):
-            lines.append(line[5:].removeprefix(" "))
+        if line.startswith(b"data:"):
+            lines.append(line[5:].removeprefix(b" ").decode("utf-8", "replace"))
     if lines:
         yield "\n".join(lines)
 

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
-import httpx
+import aiohttp
 
 from backends.base import (
     BackendStats,
@@ -18,12 +18,11 @@ from backends.base import (
     ModelInfo,
     StepTiming,
 )
-from backends.remote.http import make_client
+from backends.remote.client import UpstreamClient
 from backends.remote.options import DEFAULT_MAX_TOTAL_TOKENS, UpstreamOptions, api_key
 from backends.remote.tokenizer import TokenCounter, load_tokenizer
 
 log = logging.getLogger(__name__)
-HEALTH_TIMEOUT_S = 2.0
 
 
 class UpstreamBackend:
@@ -42,28 +41,28 @@ class UpstreamBackend:
                                     else None)
         self.max_total_tokens = options.max_total_tokens or DEFAULT_MAX_TOTAL_TOKENS
         self.max_input_tokens = self.max_total_tokens - 1
-        self._client: httpx.AsyncClient | None = None
+        self._client: UpstreamClient | None = None
         self._in_flight = 0
 
     async def start(self) -> None:
-        self._client = make_client(self.options, self._headers)
+        self._client = UpstreamClient(self.options, self._headers)
         if self.options.max_total_tokens is None:
             try:
                 await self.discover_limits(self._client)
-            except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+            except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as exc:
                 log.warning("%s: could not read the upstream's limits (%s); using %d tokens",
                             self.name, exc, self.max_total_tokens)
 
-    async def discover_limits(self, client: httpx.AsyncClient) -> None:
+    async def discover_limits(self, client: UpstreamClient) -> None:
         """Read max_total_tokens / max_input_tokens from the upstream, where it says them."""
 
     async def close(self) -> None:
         if self._client is not None:
-            await self._client.aclose()
+            await self._client.close()
             self._client = None
 
     @property
-    def client(self) -> httpx.AsyncClient:
+    def client(self) -> UpstreamClient:
         if self._client is None:
             raise BackendUnavailable(f"the {self.kind} backend of {self.name!r} is not started")
         return self._client
@@ -72,11 +71,11 @@ class UpstreamBackend:
         if self._client is None:
             return Health(False, "not started")
         try:
-            response = await self._client.get(self.health_path, timeout=HEALTH_TIMEOUT_S)
-        except httpx.HTTPError as exc:
+            status = await self._client.status(self.health_path)
+        except (aiohttp.ClientError, TimeoutError) as exc:
             return Health(False, f"upstream unreachable: {type(exc).__name__}")
-        if response.status_code >= 400:
-            return Health(False, f"upstream answered {response.status_code}")
+        if status >= 400:
+            return Health(False, f"upstream answered {status}")
         return Health(True, "ready")
 
     def info(self) -> ModelInfo:

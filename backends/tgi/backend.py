@@ -10,12 +10,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
-
 from backends.base import DeploymentError, GenerationEvent, GenerationRequest, RequestError
 from backends.native.stop_checker import StopChecker
-from backends.remote.http import open_stream, parse_json, sse_data, transport_errors
-from backends.remote.upstream import HEALTH_TIMEOUT_S, UpstreamBackend
+from backends.remote.client import UpstreamClient
+from backends.remote.http import parse_json, sse_data, transport_errors
+from backends.remote.upstream import UpstreamBackend
 from backends.tgi.frames import FrameReader
 from backends.tgi.options import TGIOptions
 from backends.tgi.payload import build_payload
@@ -30,10 +29,8 @@ class TGIBackend(UpstreamBackend):
         if options.model:
             self._headers["x-model"] = options.model
 
-    async def discover_limits(self, client: httpx.AsyncClient) -> None:
-        response = await client.get("/info", timeout=HEALTH_TIMEOUT_S)
-        response.raise_for_status()
-        info = response.json()
+    async def discover_limits(self, client: UpstreamClient) -> None:
+        info = await client.get_json("/info")
         total = info.get("max_total_tokens")
         if isinstance(total, int) and total > 1:
             self.max_total_tokens = total
@@ -69,7 +66,7 @@ class TGIBackend(UpstreamBackend):
     async def events(self, req: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         inputs = self._inputs(req)
         body = build_payload(inputs, req.sampling)
-        response = await open_stream(self.client, "/generate_stream", body)
+        response = await self.client.open_stream("/generate_stream", body)
         reader = FrameReader(req.sampling.logprobs, StopChecker(req.sampling.stop),
                              lambda: self.counter.prompt_tokens(req))
         last: GenerationEvent | None = None
@@ -88,4 +85,4 @@ class TGIBackend(UpstreamBackend):
                                       status_code=502, code="upstream_error")
             yield last
         finally:
-            await response.aclose()
+            response.close()  # read to its end, the connection is back in the pool already

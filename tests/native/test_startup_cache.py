@@ -3,17 +3,25 @@ tokenizer and packed weights giving exactly what a fresh load gives."""
 
 from __future__ import annotations
 
+import getpass
 import json
 import logging
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 import torch
 
 from backends.native.loader import load_checkpoint
-from backends.native.startup_cache import StartupCache, cache_root, file_key, open_cache
+from backends.native.startup_cache import (
+    StartupCache,
+    cache_root,
+    file_key,
+    open_cache,
+    point_inductor_cache,
+)
 from backends.native.tokenizer import Tokenizer
 from backends.quantized.int4_linear import Int4Linear
 from backends.quantized.linear import DenseLinear, ShardedLinear
@@ -165,3 +173,27 @@ def test_damaged_weights_entry_is_rebuilt(
     assert native_greedy(engine, prompt)[0] == want
     (entry / "state.safetensors").write_bytes(b"\0" * 64)  # rebuilt above; now truncated
     assert native_greedy(make_engine(tiny_gguf, cache_dir=str(cache_dir)), prompt)[0] == want
+
+
+def test_inductor_cache_is_kept_per_cpu_kind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Compiled kernels from one CPU kind reused under another decoded wrong tokens."""
+    torch_default = Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}"
+    cases = [
+        (None, tmp_path / "inductor" / "avx2-abc"),  # unset: beside our cache
+        (str(torch_default), tmp_path / "inductor" / "avx2-abc"),  # torch wrote its default
+        (str(tmp_path / "mine"), tmp_path / "mine" / "avx2-abc"),  # the user's choice, keyed
+    ]
+    for before, expected in cases:
+        if before is None:
+            monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+        else:
+            monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", before)
+        point_inductor_cache(tmp_path, "avx2-abc")
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(expected)
+        point_inductor_cache(tmp_path, "avx2-abc")  # idempotent
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(expected)
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    point_inductor_cache(None, "avx512-def")
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(torch_default / "avx512-def")
