@@ -26,6 +26,11 @@ from pathlib import Path
 
 import httpx
 
+if __package__ in (None, ""):  # run as a file: make `bench` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import facts_line, write_json  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT_WORDS = 600  # ~600 tokens with SmolLM2's tokenizer (about one token a word here)
 AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
@@ -132,25 +137,25 @@ def run_tree(tree: Path, args: argparse.Namespace) -> dict[str, object]:
 def main() -> None:
     args = parse_args()
     trees = [Path(t).resolve() for t in (args.tree or [str(ROOT)])]
-    facts = machine_facts_line(args)
-    print(facts)
+    facts = machine_facts_for(args)
+    print(facts_line(facts))
     results = [run_tree(tree, args) for tree in trees]
     for r in results:
         print(f"{r['tree']}: dtype {r['dtype']}, TTFT({r['prompt_tokens']} tokens) "
               f"{r['ttft_600_p50_s'] * 1000:.0f} ms, batch-1 decode {r['decode_b1_tok_s']:.1f} "
               f"tok/s")
-    if args.json:
-        args.json.write_text(json.dumps({"machine": facts, "results": results}, indent=2))
+    write_json(str(args.json) if args.json else None, facts, {"trees": results})
 
 
-def machine_facts_line(args: argparse.Namespace) -> str:
+def machine_facts_for(args: argparse.Namespace) -> dict[str, object]:
+    """bench.common.machine_facts, gathered in a child with the servers' environment (the
+    caps act only when set before torch loads)."""
     env = {**os.environ, **(AVX2_ENV if args.avx2 else {})}
-    probe = ("import torch, platform; from bench.common import cpu_model; "
-             "print(cpu_model(), '|', torch.backends.cpu.get_cpu_capability())")
+    probe = ("import json; from bench.common import machine_facts; "
+             f"print(json.dumps(machine_facts({args.dtype or 'auto'!r}, {args.threads})))")
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True,
-                         text=True, check=False)
-    return (f"machine: {out.stdout.strip() or out.stderr.strip()[-200:]} | threads "
-            f"{args.threads} | avx2 cap {args.avx2}")
+                         text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 if __name__ == "__main__":

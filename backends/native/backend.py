@@ -26,14 +26,13 @@ from backends.base import (
     GenerationRequest,
     Health,
     ModelInfo,
-    RequestError,
     SamplingParams,
     StepTiming,
     Usage,
 )
 from backends.native.config import EngineConfig
 from backends.native.engine import LLMEngine, RequestOutput
-from backends.native.tokenizer import ChatTemplateError
+from backends.native.prompt_checks import check_prompt, encode_request, overloaded
 
 log = logging.getLogger(__name__)
 
@@ -174,11 +173,7 @@ class NativeBackend:
     def _admit(self) -> None:
         self._ready_engine()
         if self._in_flight >= self.config.max_concurrent_requests:
-            raise RequestError(
-                f"the model is overloaded: {self.config.max_concurrent_requests} requests "
-                f"are in flight (--max-concurrent-requests); retry shortly",
-                code="overloaded", status_code=429, error_type="overloaded",
-            )
+            raise overloaded(self.config.max_concurrent_requests, "--max-concurrent-requests")
         self._in_flight += 1
 
     async def _stream(
@@ -204,37 +199,14 @@ class NativeBackend:
         return self.engine
 
     def tokenize(self, req: GenerationRequest) -> list[int]:
-        tokenizer = self._ready_engine().tokenizer
-        if req.prompt_token_ids is not None:
-            return list(req.prompt_token_ids)
-        if req.messages is not None:
-            try:
-                return tokenizer.encode_chat(req.messages, req.add_generation_prompt)
-            except ChatTemplateError as e:
-                raise RequestError(str(e), param="messages") from None
-        return tokenizer.encode(req.prompt or "")
+        return encode_request(self._ready_engine().tokenizer, req)
 
-    def _validate(self, prompt_ids: list[int], sampling: SamplingParams, field: str) -> None:
+    def _validate(self, ids: list[int], sampling: SamplingParams, field: str) -> None:
         loaded = self._ready_engine().loaded
-        n = len(prompt_ids)
-        if n == 0:
-            raise RequestError("the prompt is empty", param=field)
-        vocab = loaded.tokenizer.vocab_size
-        if any(not 0 <= t < max(vocab, loaded.hf_config.vocab_size) for t in prompt_ids):
-            raise RequestError("prompt token ids must be within the vocabulary", param=field)
-        if n > loaded.max_input_tokens:
-            raise RequestError(
-                f"the prompt has {n} tokens, more than this model's maximum input of "
-                f"{loaded.max_input_tokens} tokens",
-                param=field, code="context_length_exceeded",
-            )
-        wanted = sampling.max_tokens or 1
-        if n + wanted > loaded.max_total_tokens:
-            raise RequestError(
-                f"this model's maximum context length is {loaded.max_total_tokens} tokens; "
-                f"your prompt has {n} tokens and max_tokens is {wanted}: reduce one of them",
-                param="max_tokens", code="context_length_exceeded",
-            )
+        vocab = max(loaded.tokenizer.vocab_size, loaded.hf_config.vocab_size)
+        check_prompt(ids, sampling, field, vocab_size=vocab,
+                     max_input_tokens=loaded.max_input_tokens,
+                     max_total_tokens=loaded.max_total_tokens)
 
     def _run(self) -> None:
         engine = self.engine

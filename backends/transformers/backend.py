@@ -27,11 +27,10 @@ from backends.base import (
     GenerationRequest,
     Health,
     ModelInfo,
-    RequestError,
     SamplingParams,
     StepTiming,
 )
-from backends.native.tokenizer import ChatTemplateError
+from backends.native.prompt_checks import check_prompt, encode_request, overloaded
 from backends.transformers.loading import LoadedHF, load
 from backends.transformers.options import TransformersOptions
 from backends.transformers.runner import Job, run_job
@@ -125,15 +124,7 @@ class TransformersBackend:
         return len(self.tokenize(req))
 
     def tokenize(self, req: GenerationRequest) -> list[int]:
-        tokenizer = self._ready().tokenizer
-        if req.prompt_token_ids is not None:
-            return list(req.prompt_token_ids)
-        if req.messages is not None:
-            try:
-                return tokenizer.encode_chat(req.messages, req.add_generation_prompt)
-            except ChatTemplateError as e:
-                raise RequestError(str(e), param="messages") from None
-        return tokenizer.encode(req.prompt or "")
+        return encode_request(self._ready().tokenizer, req)
 
     async def generate(self, req: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         self._admit()
@@ -153,35 +144,16 @@ class TransformersBackend:
         self._ready()
         limit = self.options.max_concurrent_requests
         if self._in_flight >= limit:
-            raise RequestError(
-                f"the model is overloaded: {limit} requests are in flight "
-                f"(max_concurrent_requests); retry shortly",
-                code="overloaded", status_code=429, error_type="overloaded",
-            )
+            raise overloaded(limit, "max_concurrent_requests")
         self._in_flight += 1
 
-    def _validate(self, prompt_ids: list[int], sampling: SamplingParams, field: str) -> int:
+    def _validate(self, ids: list[int], sampling: SamplingParams, field: str) -> int:
         """Raise RequestError for a prompt that cannot run; return its max new tokens."""
         loaded = self._ready()
-        n = len(prompt_ids)
-        if n == 0:
-            raise RequestError("the prompt is empty", param=field)
-        if any(not 0 <= t < loaded.vocab_size for t in prompt_ids):
-            raise RequestError("prompt token ids must be within the vocabulary", param=field)
-        if n > loaded.max_input_tokens:
-            raise RequestError(
-                f"the prompt has {n} tokens, more than this model's maximum input of "
-                f"{loaded.max_input_tokens} tokens",
-                param=field, code="context_length_exceeded",
-            )
-        wanted = sampling.max_tokens or 1
-        if n + wanted > loaded.max_total_tokens:
-            raise RequestError(
-                f"this model's maximum context length is {loaded.max_total_tokens} tokens; "
-                f"your prompt has {n} tokens and max_tokens is {wanted}: reduce one of them",
-                param="max_tokens", code="context_length_exceeded",
-            )
-        room = loaded.max_total_tokens - n
+        check_prompt(ids, sampling, field, vocab_size=loaded.vocab_size,
+                     max_input_tokens=loaded.max_input_tokens,
+                     max_total_tokens=loaded.max_total_tokens)
+        room = loaded.max_total_tokens - len(ids)
         return min(sampling.max_tokens or room, room)
 
     async def _stream(

@@ -1,0 +1,58 @@
+"""A request's prompt as token ids, and the checks every in-process backend runs on it.
+
+Shared by the native engine and the transformers backend, so both refuse the same requests
+with the same messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from backends.base import GenerationRequest, RequestError, SamplingParams
+from backends.native.tokenizer import ChatTemplateError, Tokenizer
+
+
+def encode_request(tokenizer: Tokenizer, req: GenerationRequest) -> list[int]:
+    """The prompt's token ids: given ids, the chat template over messages, or the text."""
+    if req.prompt_token_ids is not None:
+        return list(req.prompt_token_ids)
+    if req.messages is not None:
+        try:
+            return tokenizer.encode_chat(req.messages, req.add_generation_prompt)
+        except ChatTemplateError as e:
+            raise RequestError(str(e), param="messages") from None
+    return tokenizer.encode(req.prompt or "")
+
+
+def check_prompt(
+    ids: Sequence[int], sampling: SamplingParams, field: str, *, vocab_size: int,
+    max_input_tokens: int, max_total_tokens: int,
+) -> None:
+    """RequestError (400) for an empty prompt, ids outside the vocabulary, or a prompt (plus
+    max_tokens) beyond the model's limits."""
+    n = len(ids)
+    if n == 0:
+        raise RequestError("the prompt is empty", param=field)
+    if any(not 0 <= t < vocab_size for t in ids):
+        raise RequestError("prompt token ids must be within the vocabulary", param=field)
+    if n > max_input_tokens:
+        raise RequestError(
+            f"the prompt has {n} tokens, more than this model's maximum input of "
+            f"{max_input_tokens} tokens",
+            param=field, code="context_length_exceeded",
+        )
+    wanted = sampling.max_tokens or 1
+    if n + wanted > max_total_tokens:
+        raise RequestError(
+            f"this model's maximum context length is {max_total_tokens} tokens; "
+            f"your prompt has {n} tokens and max_tokens is {wanted}: reduce one of them",
+            param="max_tokens", code="context_length_exceeded",
+        )
+
+
+def overloaded(limit: int, setting: str) -> RequestError:
+    """The 429 for a backend with `limit` requests in flight already."""
+    return RequestError(
+        f"the model is overloaded: {limit} requests are in flight ({setting}); retry shortly",
+        code="overloaded", status_code=429, error_type="overloaded",
+    )
