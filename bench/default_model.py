@@ -81,11 +81,13 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 600) 
     raise RuntimeError("server not ready in time")
 
 
-def stream_times(url: str, prompt: str, max_tokens: int) -> tuple[float, list[float]]:
-    """Send time and the arrival time of every content chunk of one streamed completion."""
+def stream_times(url: str, prompt: str, max_tokens: int) -> tuple[float, list[float], int]:
+    """Send time, the arrival time of every chunk carrying a choice, and the completion
+    tokens (from the usage chunk) of one streamed completion."""
     body = {"model": "default", "prompt": prompt, "max_tokens": max_tokens, "stream": True,
-            "temperature": 0, "ignore_eos": True}
+            "temperature": 0, "ignore_eos": True, "stream_options": {"include_usage": True}}
     arrivals: list[float] = []
+    tokens = 0
     sent = time.perf_counter()
     with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=600) as resp:
         resp.raise_for_status()
@@ -93,9 +95,11 @@ def stream_times(url: str, prompt: str, max_tokens: int) -> tuple[float, list[fl
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line[6:])
-            if chunk.get("choices") and chunk["choices"][0].get("text"):
+            if chunk.get("choices"):
                 arrivals.append(time.perf_counter())
-    return sent, arrivals
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+    return sent, arrivals, tokens
 
 
 def measure(url: str, args: argparse.Namespace) -> dict[str, float]:
@@ -103,12 +107,13 @@ def measure(url: str, args: argparse.Namespace) -> dict[str, float]:
     stream_times(url, "Warm up.", 4)
     ttfts = []
     for i in range(args.repeats):
-        sent, arrivals = stream_times(url, f"{i} {long_prompt}", 1)
+        sent, arrivals, _ = stream_times(url, f"{i} {long_prompt}", 1)
         ttfts.append(arrivals[0] - sent)
     rates = []
     for i in range(max(1, args.repeats // 2)):
-        _, arrivals = stream_times(url, f"Count to a thousand, {i}:", args.new_tokens)
-        rates.append((len(arrivals) - 1) / (arrivals[-1] - arrivals[0]))
+        _, arrivals, tokens = stream_times(url, f"Once upon a time, {i}", args.new_tokens)
+        # TPOT as vLLM defines it: (end - first token) / (tokens - 1)
+        rates.append((tokens - 1) / (arrivals[-1] - arrivals[0]))
     return {"ttft_600_p50_s": statistics.median(ttfts), "decode_b1_tok_s": statistics.median(rates)}
 
 
