@@ -72,7 +72,8 @@ class Deployment:
         """A health probe's answer: ready puts it in rotation, not ready takes it out."""
         self.last_probe = now
         if health.ready:
-            self.recovered()
+            if not self.in_rotation:  # in rotation, only a served request resets the count
+                self.recovered()
             return
         self.state = DeploymentState.UNHEALTHY
         self.retry_at = now + policy.reprobe_seconds

@@ -4,9 +4,10 @@ The gateway calls a router exactly as it would call one backend. `generate()` pi
 deployment (routing/balancer.py), opens it and pulls its first event. Before that first
 event, a `DeploymentError` or `BackendUnavailable` moves the request to the next
 deployment (never one it tried; lower priorities once the best one's are spent), and
-counts toward the failed deployment's cooldown. Once an event has gone to the gateway
-the request is never retried: a failure then ends it. A `RequestError` (a client
-mistake, an upstream 4xx) is neither retried nor counted as a failure.
+counts toward the failed deployment's cooldown; a local engine that is full (429
+`overloaded`) also hands the request on, without counting. Once an event has gone to the
+gateway the request is never retried: a failure then ends it. Any other `RequestError` (a
+client mistake, an upstream 4xx) is neither retried nor counted as a failure.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from routing.stats import Outcome
 log = logging.getLogger("switchyard.routing")
 Events = AsyncIterator[GenerationEvent]
 RETRYABLE = (DeploymentError, BackendUnavailable)
+OVERLOADED = "overloaded"  # a local engine at --max-concurrent-requests (RequestError 429)
 
 
 @dataclass
@@ -138,9 +140,11 @@ class ModelRouter:
             except RETRYABLE as exc:
                 self._failed(deployment, exc)
                 failed = (attempt, exc)
-            except RequestError:
-                await self._end(attempt, "client_error")
-                raise
+            except RequestError as exc:
+                if exc.code != OVERLOADED:
+                    await self._end(attempt, "client_error")
+                    raise
+                failed = (attempt, exc)  # full, not failing: try another, no cooldown
             except Exception:
                 await self._end(attempt, "failure")
                 raise

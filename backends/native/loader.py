@@ -20,7 +20,7 @@ from safetensors import safe_open
 
 from backends.native import gguf_reader
 from backends.native.model_support import UnsupportedModelError, check_supported
-from backends.native.startup_cache import StartupCache
+from backends.native.startup_cache import StartupCache, reader_version
 
 __all__ = [
     "Checkpoint",
@@ -31,7 +31,7 @@ __all__ = [
 ]
 
 CheckpointFormat = Literal["safetensors", "gguf", "pytorch"]
-_METADATA_ENTRY = "metadata.json"
+
 # keep_quantized: GGUF only, yield quantizable Linear weights as `GGUFRaw` blocks
 TensorStream = Callable[[bool], Iterator[tuple[str, Any]]]
 
@@ -98,7 +98,7 @@ def _load_gguf(path: str, cache: StartupCache | None = None) -> Checkpoint:
     metadata = gguf_reader.scalar_metadata(reader)
     lm_head_kept = gguf_reader.lm_head_kept(reader)
     if cache is not None:  # written only once every check above has passed
-        cache.write_json(_METADATA_ENTRY, {
+        cache.write_json(_metadata_entry(), {
             "config": config.to_dict(), "eos": eos, "metadata": metadata,
             "quantized_lm_head": lm_head_kept,
         })
@@ -106,8 +106,12 @@ def _load_gguf(path: str, cache: StartupCache | None = None) -> Checkpoint:
                       lm_head_kept)
 
 
+def _metadata_entry() -> str:
+    return f"metadata-{reader_version()}.json"
+
+
 def _gguf_from_cache(path: str, cache: StartupCache) -> Checkpoint | None:
-    entry = cache.read(_METADATA_ENTRY, _parse_metadata_entry)
+    entry = cache.read(_metadata_entry(), _parse_metadata_entry)
     if entry is None:
         return None
     config, eos, metadata, lm_head_kept = entry

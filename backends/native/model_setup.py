@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -114,7 +115,11 @@ def _build_and_load(
     if cache is not None and checkpoint.format == "gguf":
         entry = weight_cache.variant(device, dtype, f"{config.quantize}|{config.quantized_kernels}")
         found = cache.path(entry).exists()
-        if cache.read(entry, lambda folder: weight_cache.restore(folder, model, linears) or True):
+        def restore(folder: Path) -> bool:
+            weight_cache.restore(folder, model, linears, device)
+            return True
+
+        if cache.read(entry, restore):
             return model.eval(), linears, True
         if found:  # the damaged entry may have filled part of this skeleton
             model, linears = build()

@@ -3,8 +3,8 @@
 Layout under the cache directory (`--cache-dir` / `SWITCHYARD_CACHE_DIR`, default
 `~/.cache/switchyard`):
 
-    models/<file key>/metadata.json          parsed GGUF metadata and config
-    models/<file key>/tokenizer/             the converted GGUF tokenizer (save_pretrained)
+    models/<file key>/metadata-<reader>.json parsed GGUF metadata and config
+    models/<file key>/tokenizer-<reader>/    the converted GGUF tokenizer (save_pretrained)
     models/<file key>/weights-<variant>/     built quantized modules (weight_cache.py)
     inductor/<cpu kind>/                     torch.compile's own cache (TORCHINDUCTOR_CACHE_DIR)
 
@@ -15,8 +15,10 @@ cache can make a start faster, never make it fail.
 
 from __future__ import annotations
 
+import functools
 import getpass
 import hashlib
+import importlib.metadata
 import json
 import logging
 import os
@@ -125,6 +127,23 @@ def cache_root(setting: str | None) -> Path | None:
     if setting is None or setting.strip().lower() in DISABLED:
         return None
     return Path(setting).expanduser()
+
+
+_READER_SOURCES = ("loader.py", "gguf_reader.py", "tokenizer.py")
+_READER_PACKAGES = ("transformers", "tokenizers", "gguf")
+
+
+@functools.cache
+def reader_version() -> str:
+    """Names the code that parses a GGUF file and converts its tokenizer (our readers and the
+    libraries they use): a change to any of them must not read entries the old one wrote."""
+    digest = hashlib.sha256()
+    folder = Path(__file__).resolve().parent
+    for name in _READER_SOURCES:
+        digest.update((folder / name).read_bytes())
+    for package in _READER_PACKAGES:
+        digest.update(f"{package}=={importlib.metadata.version(package)}".encode())
+    return digest.hexdigest()[:12]
 
 
 def point_inductor_cache(root: Path | None, machine: str) -> None:

@@ -17,11 +17,10 @@ import transformers
 
 from backends.native.detokenizer import IncrementalDetokenizer
 from backends.native.loader import Checkpoint
-from backends.native.startup_cache import StartupCache
+from backends.native.startup_cache import StartupCache, reader_version
 from backends.native.stop_checker import StopChecker
 
 __all__ = ["ChatTemplateError", "IncrementalDetokenizer", "StopChecker", "Tokenizer"]
-_TOKENIZER_ENTRY = "tokenizer"
 
 
 class ChatTemplateError(ValueError):
@@ -49,10 +48,11 @@ class Tokenizer:
         """`cache`: a GGUF file's converted tokenizer is kept there (converting takes seconds)."""
         cached = None
         if checkpoint.format == "gguf":
-            cached = cache.read(_TOKENIZER_ENTRY, _load_saved) if cache is not None else None
+            entry = f"tokenizer-{reader_version()}"
+            cached = cache.read(entry, _load_saved) if cache is not None else None
             hf = cached or _load_gguf_tokenizer(checkpoint)
             if cache is not None and cached is None:
-                cache.publish(_TOKENIZER_ENTRY, hf.save_pretrained)
+                cache.publish(entry, hf.save_pretrained)
         else:
             hf = transformers.AutoTokenizer.from_pretrained(
                 checkpoint.path, use_fast=True, local_files_only=True

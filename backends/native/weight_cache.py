@@ -65,13 +65,15 @@ def save(folder: Path, model: nn.Module, linears: QuantizedLinears | None) -> No
     (folder / "manifest.json").write_text(json.dumps({"format": FORMAT, "modules": modules}))
 
 
-def restore(folder: Path, model: nn.Module, linears: QuantizedLinears | None) -> None:
-    """Fill the freshly built skeleton (placeholders where quantized Linears go) from `folder`.
-    Raises on any mismatch between the entry and the skeleton."""
+def restore(
+    folder: Path, model: nn.Module, linears: QuantizedLinears | None, device: torch.device,
+) -> None:
+    """Fill the freshly built skeleton (placeholders where quantized Linears go) from `folder`,
+    on `device`. Raises on any mismatch between the entry and the skeleton."""
     manifest = json.loads((folder / "manifest.json").read_text())
     if manifest.get("format") != FORMAT:
         raise ValueError(f"manifest format {manifest.get('format')} != {FORMAT}")
-    tensors = load_file(str(folder / "state.safetensors"))
+    tensors = load_file(str(folder / "state.safetensors"), device=str(device))
     expected = set(linears.specs) if linears else set()
     if set(manifest["modules"]) != expected:
         raise ValueError("the entry's quantized modules differ from the model's")

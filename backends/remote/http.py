@@ -36,7 +36,10 @@ def transport_errors(base_url: str) -> Iterator[None]:
         raise DeploymentError(f"the upstream {base_url} timed out ({kind})",
                               status_code=504, code="upstream_timeout") from None
     except (aiohttp.ClientError, HttpProcessingError) as exc:
-        raise DeploymentError(f"the connection to the upstream {base_url} broke: {exc!r}",
+        # str(), not repr(): a ClientResponseError's repr carries the request headers, and
+        # with them the upstream's API key.
+        raise DeploymentError(f"the connection to the upstream {base_url} broke: "
+                              f"{type(exc).__name__}: {exc}",
                               status_code=502, code="upstream_error") from None
 
 

@@ -96,7 +96,8 @@ class FolderTokenizer:
         try:
             return self._template.render(
                 messages=messages, add_generation_prompt=add_generation_prompt, **self._special)
-        except jinja2.TemplateError as exc:
+        except (jinja2.TemplateError, TypeError, KeyError, IndexError, ValueError) as exc:
+            # templates index and concatenate message fields: odd messages fail either way
             raise RequestError(f"The chat template rejected the messages: {exc}",
                                param="messages") from None
 

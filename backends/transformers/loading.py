@@ -58,11 +58,10 @@ def load(model_id: str, options: TransformersOptions) -> LoadedHF:
     # eos, penalties in generation_config.json) must not leak into `generate`.
     model.generation_config = GenerationConfig()
     max_input, max_total = _limits(model.config, options)
-    text_config = model.config.get_text_config()
     return LoadedHF(
         path=path, model=model, tokenizer=Tokenizer(hf_tokenizer, eos), device=device,
         dtype=choice.dtype, dtype_reason=choice.reason,
-        vocab_size=max(len(hf_tokenizer), int(text_config.vocab_size)),
+        vocab_size=model.get_input_embeddings().num_embeddings,  # an id past it cannot run
         max_input_tokens=max_input, max_total_tokens=max_total,
         quantization="gguf (dequantized by transformers)" if gguf_file else None,
     )

@@ -23,7 +23,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 
-from backends.base import Backend, GenerationRequest, ModelInfo
+from backends.base import Backend, GenerationRequest, ModelInfo, RequestError
 from gateway.body import read_json
 from gateway.errors import bad_request, internal_error, tgi_error_response, to_openai_error
 from gateway.generation import ClientDisconnected, gather, unless_disconnected
@@ -99,19 +99,31 @@ def resolve_model(state: GatewayState, request: Request) -> ModelEntry:
     return sole
 
 
+async def _token_ids(backend: Backend, probe: GenerationRequest) -> list[int] | None:
+    """The prompt's ids, or None where the backend cannot tokenize (an HTTP upstream without
+    a `tokenizer`): then only a count is known, and only inputs within `truncate` pass."""
+    tokenize = getattr(backend, "tokenize", None)
+    if tokenize is None:
+        return None
+    try:
+        return await asyncio.to_thread(tokenize, probe)
+    except RequestError:
+        return None
+
+
 async def _prompt(
     backend: Backend, info: ModelInfo, inputs: str, todo: TGIPlan,
 ) -> tuple[int, list[int] | None]:
     """The prompt's token count, and its token ids when they had to be truncated."""
     check_truncate(todo.truncate, info)
     probe = GenerationRequest(request_id="count", prompt=inputs)
-    tokenize = getattr(backend, "tokenize", None)  # optional: needed to truncate
-    if todo.truncate is not None and tokenize is not None:
-        ids: list[int] = await asyncio.to_thread(tokenize, probe)
-        if len(ids) > todo.truncate:
+    if todo.truncate is not None:
+        ids = await _token_ids(backend, probe)
+        if ids is not None and len(ids) > todo.truncate:
             ids = ids[-todo.truncate:]  # TGI keeps the end of the input
             return len(ids), ids
-        return len(ids), None
+        if ids is not None:
+            return len(ids), None
     count = await asyncio.to_thread(backend.count_tokens, probe)
     if todo.truncate is not None and count > todo.truncate:
         raise TGIValidationError(

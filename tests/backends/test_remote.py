@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import sys
 from collections.abc import Iterator
@@ -129,6 +130,30 @@ async def test_connection_refused_is_502_unreachable() -> None:
     assert (caught.value.status_code, caught.value.code) == (502, "upstream_unreachable")
     assert not (await backend.health()).ready
     await backend.close()
+
+
+async def test_a_broken_http_answer_never_shows_the_upstream_key(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """aiohttp's ClientResponseError carries the request headers in its repr."""
+    async def answer_garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: abc\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer_garbage, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    monkeypatch.setenv("UPSTREAM_SECRET", "sk-never-show-me")
+    backend = await started(f"http://127.0.0.1:{port}/v1", api_key_env="UPSTREAM_SECRET")
+    try:
+        with pytest.raises(DeploymentError) as caught:
+            await anext(backend.generate(request("hi")))
+        assert caught.value.status_code == 502
+        assert "sk-never-show-me" not in caught.value.message
+    finally:
+        await backend.close()
+        server.close()
 
 
 @pytest.mark.parametrize("mode", ["malformed", "no_choices"])

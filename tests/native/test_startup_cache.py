@@ -21,6 +21,7 @@ from backends.native.startup_cache import (
     file_key,
     open_cache,
     point_inductor_cache,
+    reader_version,
 )
 from backends.native.tokenizer import Tokenizer
 from backends.quantized.int4_linear import Int4Linear
@@ -133,7 +134,7 @@ def test_cached_tokenizer_gives_the_converted_ids(tmp_path: Path, default_gguf_p
     assert warm.bos_token_id == fresh.bos_token_id
     assert warm.chat_template == fresh.chat_template
     assert all(warm.is_special(i) == fresh.is_special(i) for i in range(fresh.vocab_size))
-    (cache.path("tokenizer") / "tokenizer.json").write_text("{broken")
+    (cache.path(f"tokenizer-{reader_version()}") / "tokenizer.json").write_text("{broken")
     again = Tokenizer.from_checkpoint(checkpoint, cache)  # damaged: converted again
     assert not again.from_cache and again.encode_chat(PROMPT) == fresh.encode_chat(PROMPT)
     assert Tokenizer.from_checkpoint(checkpoint, cache).from_cache  # and re-saved

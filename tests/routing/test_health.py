@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from backends.base import DeploymentError, GenerationRequest, Health
 from routing import Deployment, DeploymentState, HealthChecker, ModelRouter, RoutingPolicy
 from routing.health import probe
@@ -67,6 +69,25 @@ async def test_healthy_deployments_are_probed_every_interval() -> None:
         DeploymentState.HEALTHY, DeploymentState.UNHEALTHY]
     events = [e.text async for e in router.generate(GenerationRequest(request_id="r"))]
     assert set(events) == {"a"}
+
+
+async def test_a_ready_probe_does_not_forgive_failures_in_rotation() -> None:
+    """An upstream whose /health answers while every request fails must still cool down."""
+    a = FakeBackend("a", fail_open=DeploymentError("404 from the upstream"))
+    policy = RoutingPolicy(cooldown_after_failures=2, cooldown_seconds=30,
+                           health_check_interval=10, probe_timeout=0.2)
+    clock = Clock()
+    router = ModelRouter("m", [Deployment("a", a)], policy, clock=clock)
+    checker = HealthChecker(lambda: [("m", d) for d in router.deployments], policy, clock=clock)
+    deployment = router.deployments[0]
+    with pytest.raises(DeploymentError):
+        _ = [e async for e in router.generate(GenerationRequest(request_id="r1"))]
+    clock.now += 10
+    await checker.check_due()
+    assert a.health_calls == 1 and deployment.consecutive_failures == 1
+    with pytest.raises(DeploymentError):
+        _ = [e async for e in router.generate(GenerationRequest(request_id="r2"))]
+    assert deployment.state is DeploymentState.COOLING_DOWN
 
 
 async def test_a_hanging_or_raising_health_check_is_not_ready() -> None:

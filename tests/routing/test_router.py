@@ -105,6 +105,23 @@ async def test_client_errors_are_not_retried_nor_counted() -> None:
     assert router.deployments[1].stats.outcomes["success"] == 0
 
 
+def _overloaded() -> RequestError:
+    return RequestError("the model is overloaded", code="overloaded", status_code=429,
+                        error_type="overloaded")
+
+
+async def test_a_full_engine_hands_the_request_on_without_counting_a_failure() -> None:
+    full, other = FakeBackend("full", fail_open=_overloaded()), FakeBackend("other")
+    router = _router(full, other)
+    events = await _run(router)
+    assert events[-1].text == "other" and full.calls == 1
+    assert router.deployments[0].consecutive_failures == 0
+    alone = _router(FakeBackend("full", fail_open=_overloaded()))
+    with pytest.raises(RequestError) as caught:  # nowhere else to go: the client gets the 429
+        await _run(alone)
+    assert caught.value.status_code == 429
+
+
 async def test_cooldown_then_no_healthy_deployment_with_retry_after() -> None:
     clock = Clock()
     only = FakeBackend("only", fail_open=DeploymentError("down"))
