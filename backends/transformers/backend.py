@@ -142,6 +142,7 @@ class TransformersBackend:
 
     def _admit(self) -> None:
         self._ready()
+        self._refuse_if_closing()
         limit = self.options.max_concurrent_requests
         if self._in_flight >= limit:
             raise overloaded(limit, "max_concurrent_requests")
@@ -171,6 +172,7 @@ class TransformersBackend:
             publish=lambda event: loop.call_soon_threadsafe(events.put_nowait, event),
         )
         job = Job(req.request_id, prompt_ids, sampling, tracker)
+        self._refuse_if_closing()  # close() may have begun while the prompt was tokenized
         self._inbox.put(job)
         finished = False
         try:
@@ -207,6 +209,12 @@ class TransformersBackend:
             finally:
                 self.generated_tokens += job.tracker.num_generated
                 self._current = None
+
+    def _refuse_if_closing(self) -> None:
+        """After close() began, the worker takes no more jobs: a job queued then would wait
+        forever."""
+        if self._closing:
+            raise BackendUnavailable(f"the model {self.served_name!r} is shutting down")
 
     def _abort_queued(self) -> None:
         """At close: end every request still queued, so that no client waits forever."""
