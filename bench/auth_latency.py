@@ -27,22 +27,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
-from statistics import quantiles
 
 import httpx
 
-from backends.base import (
-    BackendStats,
-    GenerationEvent,
-    GenerationRequest,
-    Health,
-    ModelInfo,
-    TokenInfo,
-    Usage,
-)
 from bench.common import facts_line, machine_facts, write_json
+from bench.gateway_process import InstantBackend, percentiles, serve_app, wait_for_gateway
 
 ADMIN_KEY = "bench-admin-key"
 BODY = {"model": "null", "messages": [{"role": "user", "content": "one two three four"}],
@@ -50,47 +40,14 @@ BODY = {"model": "null", "messages": [{"role": "user", "content": "one two three
 LIMITS = {"rpm": 10_000_000, "tpm": 1_000_000_000, "parallel": 1000, "budget": 10**15}
 
 
-class NullBackend:
-    """Answers every request at once with one token."""
-
-    async def start(self) -> None: ...
-
-    async def close(self) -> None: ...
-
-    async def health(self) -> Health:
-        return Health(True)
-
-    def info(self) -> ModelInfo:
-        return ModelInfo(name="null", max_input_tokens=4096, max_total_tokens=8192)
-
-    def stats(self) -> BackendStats:
-        return BackendStats()
-
-    def count_tokens(self, req: GenerationRequest) -> int:
-        return sum(len(str(m["content"]).split()) for m in req.messages or [])
-
-    async def _events(self, req: GenerationRequest) -> AsyncIterator[GenerationEvent]:
-        yield GenerationEvent(text="ok", tokens=(TokenInfo(id=0, text="ok"),),
-                              finish_reason="length", usage=Usage(self.count_tokens(req), 1))
-
-    def generate(self, req: GenerationRequest) -> AsyncIterator[GenerationEvent]:
-        return self._events(req)
-
-
 def serve(port_file: str, redis_url: str | None) -> None:
-    import uvicorn
-
     from gateway.app import create_app
     from gateway.settings import Settings
 
     settings = Settings(model_id="null", redis_url=redis_url,
                         admin_key=ADMIN_KEY if redis_url else None, log_level="warning")
-    app = create_app(settings, backends={"null": NullBackend()})
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    Path(port_file).write_text(str(sock.getsockname()[1]))
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
-    uvicorn.Server(config).run(sockets=[sock])
+    app = create_app(settings, backends={"null": InstantBackend("null", tokens=1)})
+    serve_app(app, port_file)
 
 
 def free_port() -> int:
@@ -117,22 +74,7 @@ def start_gateway(folder: Path, name: str, redis_url: str | None) -> tuple[subpr
         argv += ["--redis-url", redis_url]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(argv, env=env)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if port_file.exists() and port_file.read_text():
-            url = f"http://127.0.0.1:{port_file.read_text()}"
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    return proc, url
-            except httpx.HTTPError:
-                pass
-        time.sleep(0.05)
-    raise SystemExit(f"gateway {name} did not start")
-
-
-def percentiles(samples: list[float]) -> tuple[float, float]:
-    cuts = quantiles(samples, n=100, method="inclusive")
-    return cuts[49] * 1000, cuts[98] * 1000
+    return proc, wait_for_gateway(port_file, name)
 
 
 def measure(arms: dict[str, tuple[str, str | None]], requests: int, warmup: int,

@@ -24,8 +24,9 @@ from pathlib import Path
 
 import httpx
 
-from bench.auth_latency import free_port, percentiles, start_gateway
+from bench.auth_latency import free_port, start_gateway
 from bench.common import facts_line, machine_facts, write_json
+from bench.gateway_process import percentiles
 from tests.deploy.envoy_proxy import EnvoyProcess, upstream_names
 
 BODY = {"model": "null", "messages": [{"role": "user", "content": "one two three four"}],

@@ -22,77 +22,36 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
-from statistics import quantiles
 
 import aiohttp
 import httpx
 
 from backends.base import (
-    BackendStats,
-    GenerationEvent,
     GenerationRequest,
-    Health,
-    ModelInfo,
-    TokenInfo,
-    Usage,
 )
 from bench.common import facts_line, machine_facts, write_json
+from bench.gateway_process import InstantBackend, percentiles, serve_app, wait_for_gateway
 
 MODEL = "fast"
 BODY = {"model": MODEL, "prompt": "one two three four", "max_tokens": 8, "temperature": 0}
 
 
-class FastBackend:
-    """Eight one-word tokens, at once."""
-
-    async def start(self) -> None: ...
-
-    async def close(self) -> None: ...
-
-    async def health(self) -> Health:
-        return Health(True)
-
-    def info(self) -> ModelInfo:
-        return ModelInfo(name=MODEL, max_input_tokens=4095, max_total_tokens=4096)
-
-    def stats(self) -> BackendStats:
-        return BackendStats()
-
-    def count_tokens(self, req: GenerationRequest) -> int:
-        return len((req.prompt or "").split())
-
-    async def _events(self, req: GenerationRequest) -> AsyncIterator[GenerationEvent]:
-        for i in range(7):
-            yield GenerationEvent(text=f" w{i}", tokens=(TokenInfo(id=i, text=f" w{i}"),))
-        yield GenerationEvent(text=" w7", tokens=(TokenInfo(id=7, text=" w7"),),
-                              finish_reason="length", usage=Usage(self.count_tokens(req), 8))
-
-    def generate(self, req: GenerationRequest) -> AsyncIterator[GenerationEvent]:
-        return self._events(req)
-
-
 def serve(port_file: str, upstream: str | None) -> None:
-    import uvicorn
-
     from backends.registry import BackendSpec, create_backend
     from gateway.app import create_app
     from gateway.settings import Settings
 
-    backend = FastBackend() if upstream is None else create_backend(BackendSpec(
-        name=MODEL, model_id="unused", backend="remote", options={"base_url": upstream}))
+    backend = InstantBackend(MODEL, tokens=8) if upstream is None else create_backend(
+        BackendSpec(name=MODEL, model_id="unused", backend="remote",
+                    options={"base_url": upstream}))
     app = create_app(Settings(model_id=MODEL, log_level="warning"), backends={MODEL: backend})
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    Path(port_file).write_text(str(sock.getsockname()[1]))
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
-    uvicorn.Server(config).run(sockets=[sock])
+    serve_app(app, port_file)
 
 
 def start_gateway(folder: Path, name: str, upstream: str | None) -> tuple[subprocess.Popen, str]:
@@ -101,17 +60,7 @@ def start_gateway(folder: Path, name: str, upstream: str | None) -> tuple[subpro
     if upstream:
         argv += ["--upstream", upstream]
     proc = subprocess.Popen(argv, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if port_file.exists() and port_file.read_text():
-            url = f"http://127.0.0.1:{port_file.read_text()}"
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    return proc, url
-            except httpx.HTTPError:
-                pass
-        time.sleep(0.05)
-    raise SystemExit(f"gateway {name} did not start")
+    return proc, wait_for_gateway(port_file, name)
 
 
 def whole(client: httpx.Client) -> float:
@@ -160,7 +109,7 @@ def measure(urls: dict[str, str], requests: int, warmup: int) -> dict[str, list[
 async def backend_alone(upstream: str, requests: int, warmup: int) -> dict[str, list[float]]:
     """In this process: RemoteBackend.generate to its last event vs raw aiohttp reading the
     same upstream stream (what any client pays): the backend's own share of the hop."""
-    from backends.base import GenerationRequest, SamplingParams
+    from backends.base import SamplingParams
     from backends.registry import BackendSpec, create_backend
 
     backend = create_backend(BackendSpec(name=MODEL, model_id="unused", backend="remote",
@@ -195,11 +144,6 @@ async def backend_alone(upstream: str, requests: int, warmup: int) -> dict[str, 
     await raw_client.close()
     await backend.close()
     return times
-
-
-def percentiles(samples: list[float]) -> tuple[float, float]:
-    cuts = quantiles(samples, n=100, method="inclusive")
-    return cuts[49] * 1000, cuts[98] * 1000
 
 
 def report(times: dict[str, list[float]]) -> dict[str, float]:

@@ -19,6 +19,7 @@ import anyio
 from starlette.types import Receive
 
 from backends.base import Backend, GenerationEvent, GenerationRequest, TokenInfo, Usage
+from backends.events import close_events
 from gateway.errors import OpenAIError, internal_error, to_openai_error
 from gateway.metrics import GenerationTrace
 from gateway.openai.responses import Formatter
@@ -50,17 +51,6 @@ class Collected:
     finish_reason: str | None = None
     usage: Usage | None = None
     last: GenerationEvent | None = None  # the finishing event (stop_reason, seed, timings)
-
-
-async def close_events(events: Events) -> None:
-    aclose = getattr(events, "aclose", None)
-    if aclose is None:
-        return
-    with anyio.CancelScope(shield=True):
-        try:
-            await aclose()
-        except Exception:
-            log.exception("closing a backend generation failed")
 
 
 def as_openai_error(exc: Exception) -> OpenAIError:

@@ -17,8 +17,6 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
-import anyio
-
 from backends.base import (
     Backend,
     BackendStats,
@@ -31,6 +29,7 @@ from backends.base import (
     RequestError,
     StepTiming,
 )
+from backends.events import close_events
 from routing.balancer import Balancer, best_tier
 from routing.deployment import Deployment
 from routing.errors import NoHealthyDeployment
@@ -52,17 +51,6 @@ class _Attempt:
     started: float
     events: Events | None = None
     first: GenerationEvent | None = None
-
-
-async def _close(events: Events | None) -> None:
-    aclose = getattr(events, "aclose", None)
-    if aclose is None:
-        return
-    with anyio.CancelScope(shield=True):
-        try:
-            await aclose()
-        except Exception:
-            log.exception("closing a deployment's generation failed")
 
 
 class ModelRouter:
@@ -165,7 +153,7 @@ class ModelRouter:
         if outcome is not None:
             seconds = None if outcome == "client_error" else self._clock() - attempt.started
             deployment.stats.record(outcome, seconds)
-        await _close(attempt.events)
+        await close_events(attempt.events)
 
     def _no_healthy(self) -> NoHealthyDeployment:
         now = self._clock()

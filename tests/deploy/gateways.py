@@ -50,17 +50,23 @@ def _serve_argv(config_file: Path, port: int) -> list[str]:
 
 
 class GatewayProcess:
-    def __init__(self, name: str, folder: Path, config_file: Path, redis_url: str,
-                 admin_key: str) -> None:
+    """`switchyard serve` on a fixed port, as a process that can be killed and restarted;
+    with keys in `redis_url` and `admin_key` when given, open otherwise."""
+
+    def __init__(self, name: str, folder: Path, config_file: Path, redis_url: str | None = None,
+                 admin_key: str | None = None) -> None:
         self.name = name
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = folder / f"{name}.log"
         self.argv = _serve_argv(config_file, self.port)
         # PYTHONPATH: the replicas run this checkout's code, whatever the venv points at.
-        self.env = {**os.environ, "PYTHONPATH": str(REPO), "SWITCHYARD_REDIS_URL": redis_url,
-                    "SWITCHYARD_ADMIN_KEY": admin_key, "OMP_NUM_THREADS": "1",
+        self.env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
                     "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+        if redis_url is not None:
+            self.env["SWITCHYARD_REDIS_URL"] = redis_url
+        if admin_key is not None:
+            self.env["SWITCHYARD_ADMIN_KEY"] = admin_key
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:

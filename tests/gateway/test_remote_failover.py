@@ -7,12 +7,7 @@ test runs in this process with API keys in memory and is driven by the openai SD
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,72 +19,28 @@ import pytest
 from gateway.app import create_app
 from gateway.settings import Settings
 from tests.auth.conftest import ADMIN_KEY, admin_headers, create_key
+from tests.deploy.gateways import GatewayProcess, write_models_file
 from tests.gateway.conftest import running_server
 
-REPO = Path(__file__).resolve().parents[2]
 MODEL = "tiny"
+Pair = tuple[GatewayProcess, GatewayProcess]
 MESSAGES = [{"role": "user", "content": "Tell me about the two upstreams."}]
 ROUTING = "routing: {cooldown_after_failures: 2, cooldown_seconds: 1.5, " \
           "health_check_interval: 30}\n"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class Upstream:
-    """`switchyard serve` on a fixed port, as a process that can be killed and restarted."""
-
-    def __init__(self, name: str, model_dir: Path, folder: Path) -> None:
-        self.name, self.model_dir, self.folder = name, model_dir, folder
-        self.port = _free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        argv = [sys.executable, "-m", "gateway.cli", "serve", "--model-id", str(self.model_dir),
-                "--served-model-name", MODEL, "--port", str(self.port), "--dtype", "float32",
-                "--max-total-tokens", "512", "--max-batch-total-tokens", "4096",
-                "--block-size", "8", "--compile", "false", "--log-level", "warning"]
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
-               "HF_HUB_OFFLINE": "1", "SWITCHYARD_CACHE_DIR": str(self.folder / "cache")}
-        with open(self.folder / f"{self.name}.log", "ab") as log:
-            self.proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log,
-                                         stderr=subprocess.STDOUT)
-
-    def wait_ready(self, timeout_s: float = 180.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            assert self.proc is not None and self.proc.poll() is None, self.logs()
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise AssertionError(f"upstream {self.name} not ready:\n{self.logs()}")
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
-        self.proc = None
-
-    def logs(self) -> str:
-        return (self.folder / f"{self.name}.log").read_text(errors="replace")[-3000:]
+def _upstream(name: str, model_dir: Path, folder: Path) -> GatewayProcess:
+    """An open `switchyard serve` of the tiny model, killable and restartable on its port."""
+    config_file = write_models_file(folder / f"{name}.yaml", {MODEL: model_dir})
+    return GatewayProcess(name, folder, config_file)
 
 
 @pytest.fixture(scope="module")
 def upstreams(tmp_path_factory: pytest.TempPathFactory,
-              tiny_model: Callable[[str], Path]) -> Iterator[tuple[Upstream, Upstream]]:
+              tiny_model: Callable[[str], Path]) -> Iterator[Pair]:
     folder = tmp_path_factory.mktemp("upstreams")
-    pair = (Upstream("a", tiny_model("llama_gqa"), folder),
-            Upstream("b", tiny_model("llama_gqa"), folder))
+    pair = (_upstream("a", tiny_model("llama_gqa"), folder),
+            _upstream("b", tiny_model("llama_gqa"), folder))
     try:
         for upstream in pair:
             upstream.start()
@@ -102,7 +53,7 @@ def upstreams(tmp_path_factory: pytest.TempPathFactory,
 
 
 @pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory, upstreams: tuple[Upstream, Upstream],
+def gateway(tmp_path_factory: pytest.TempPathFactory, upstreams: Pair,
             tiny_model: Callable[[str], Path]) -> Iterator[str]:
     tokenizer = tiny_model("llama_gqa")
     deployments = "".join(
@@ -158,7 +109,7 @@ def _successes(url: str, deployment: str) -> float:
 
 
 def test_answers_equal_asking_an_upstream_directly(
-    gateway: str, upstreams: tuple[Upstream, Upstream],
+    gateway: str, upstreams: Pair,
 ) -> None:
     key = create_key(gateway, name="equal")["key"]
     direct = _ask(_sdk(upstreams[0].url))
@@ -169,7 +120,7 @@ def test_answers_equal_asking_an_upstream_directly(
 
 
 def test_kill_one_upstream_then_bring_it_back(
-    gateway: str, upstreams: tuple[Upstream, Upstream],
+    gateway: str, upstreams: Pair,
 ) -> None:
     _, b = upstreams
     client = _sdk(gateway, create_key(gateway, name="failover")["key"])
@@ -192,7 +143,7 @@ def test_kill_one_upstream_then_bring_it_back(
 
 
 def test_mid_stream_kill_ends_the_stream_with_an_error_and_records_usage(
-    gateway: str, upstreams: tuple[Upstream, Upstream],
+    gateway: str, upstreams: Pair,
 ) -> None:
     key = create_key(gateway, name="midstream")
     _wait_for(lambda: set(_states(gateway).values()) == {"healthy"})
