@@ -11,11 +11,33 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 FinishReason = Literal["stop", "length", "abort", "error"]
+StructuredKind = Literal["json_object", "json_schema", "regex", "lark"]
+
+
+@dataclass(frozen=True)
+class StructuredOutput:
+    """A constraint on the generated text, enforced token by token by a grammar engine.
+
+    `json_object`: any JSON object (`spec` unused). `json_schema`: `spec` is the schema as
+    JSON text. `regex`: `spec` is a regular expression the whole output must match. `lark`:
+    `spec` is a Lark grammar. A spec the engine cannot compile is a RequestError (400).
+    """
+
+    kind: StructuredKind
+    spec: str = ""
+    source: str = "response_format"  # the request parameter it came from (named in errors)
+    name: str | None = None  # OpenAI's json_schema `name` and `strict`, passed upstream as given
+    strict: bool | None = None
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Per-request sampling. `temperature == 0` means greedy; `top_k == 0` means off."""
+    """Per-request sampling. `temperature == 0` means greedy; `top_k == 0` means off.
+
+    `n` choices share the prompt; each choice samples with its own generator (seeded from
+    `seed + index` when `seed` is set). Logprobs are always of the model's raw distribution
+    (log_softmax of the logits before penalties, bias, masks or temperature).
+    """
 
     max_tokens: int | None = None  # None: up to the context window
     temperature: float = 1.0
@@ -29,6 +51,15 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
+    n: int = 1  # choices generated from one prompt
+    top_logprobs: int = 0  # alternatives per generated token (0-20); needs `logprobs`
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit)
+    min_tokens: int = 0  # EOS and stop_token_ids are masked until this many were generated
+    min_p: float = 0.0  # drop tokens with probability < min_p * the top token's
+    structured: StructuredOutput | None = None
+    # Logprobs of the prompt's tokens (TGI's decoder_input_details), with this many
+    # alternatives each; None: not computed.
+    prompt_logprobs: int | None = None
 
 
 @dataclass(frozen=True)
@@ -41,6 +72,8 @@ class GenerationRequest:
     messages: list[dict[str, Any]] | None = None
     prompt_token_ids: list[int] | None = None  # pre-tokenized prompt, overrides `prompt`
     add_generation_prompt: bool = True
+    # Function tools, in OpenAI's `tools` shape, handed to the chat template.
+    tools: list[dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -54,13 +87,24 @@ class Usage:
 
 
 @dataclass(frozen=True)
+class TopLogprob:
+    """One alternative at a position: a token, its text piece and its logprob."""
+
+    id: int
+    text: str
+    logprob: float
+
+
+@dataclass(frozen=True)
 class TokenInfo:
-    """One generated token: id, its text piece, its logprob (when asked), special or not."""
+    """One token: id, its text piece, its logprob (when asked), special or not, and the
+    `top_logprobs` most likely alternatives at its position (most likely first)."""
 
     id: int
     text: str
     logprob: float | None = None
     special: bool = False
+    top_logprobs: tuple[TopLogprob, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -82,7 +126,12 @@ class StepTiming:
 
 @dataclass(frozen=True)
 class GenerationEvent:
-    """A text delta; the last event of a request has `finish_reason` and `usage` set."""
+    """A text delta of choice `index`.
+
+    Each choice's last event has `finish_reason` and `usage` set (the prompt's tokens and
+    that choice's completion tokens); with `n > 1` the choices' events interleave and the
+    iterator ends once every choice has finished.
+    """
 
     text: str = ""
     tokens: tuple[TokenInfo, ...] = ()
@@ -92,6 +141,10 @@ class GenerationEvent:
     stop_reason: str | None = None
     timings: RequestTimings | None = None  # on the last event
     seed: int | None = None  # the seed sampling used (TGI's details.seed), on the last event
+    index: int = 0  # the choice this event belongs to (0 .. n-1)
+    # The prompt's tokens with their logprobs (the first has none), when
+    # `prompt_logprobs` was asked; on the first event of choice 0.
+    prompt_tokens: tuple[TokenInfo, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -108,6 +161,7 @@ class ModelInfo:
     dtype: str = "unknown"
     quantization: str | None = None
     backend: str = "unknown"
+    chat_template: str | None = None  # the tokenizer's, when the backend templates itself
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -191,4 +245,9 @@ class Backend(Protocol):
 
     def tokenize(self, req: GenerationRequest) -> list[int]:
         """The prompt token ids of `req` after templating (e.g. for TGI's `truncate`)."""
+        ...
+
+    def detokenize(self, token_ids: list[int]) -> str:
+        """Text of `token_ids` (vLLM's /detokenize). RequestError when an id is outside the
+        vocabulary or the backend has no tokenizer."""
         ...

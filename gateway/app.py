@@ -24,6 +24,7 @@ from gateway.middleware import CLIENT_CLOSED, MetricsMiddleware, set_status_labe
 from gateway.models_file import DeploymentPlan
 from gateway.openai.models import router as models_router
 from gateway.openai.routes import router as openai_router
+from gateway.openai.tokenize_routes import router as tokenize_router
 from gateway.response_headers import ResponseHeadersMiddleware
 from gateway.service_routes import router as service_router
 from gateway.settings import Settings
@@ -48,14 +49,14 @@ def build_registry(settings: Settings, backends: Mapping[str, Served] | None) ->
     if backends is None:
         for plan in plans:
             deployments = [_deployment(d) for d in plan.deployments]
-            registry.add_model(plan.name, deployments, plan.aliases)
+            registry.add_model(plan.name, deployments, plan.aliases, plan.tool_call_parser)
         return registry
-    aliases = {plan.name: plan.aliases for plan in plans}
+    declared = {plan.name: plan for plan in plans}
     for name, served in backends.items():
-        if isinstance(served, Sequence):
-            registry.add_model(name, served, aliases.get(name, ()))
-        else:
-            registry.add(name, served, aliases.get(name, ()))
+        plan = declared.get(name)
+        aliases, parser = (plan.aliases, plan.tool_call_parser) if plan else ((), None)
+        deployments = served if isinstance(served, Sequence) else [Deployment(name, served)]
+        registry.add_model(name, deployments, aliases, parser)
     return registry
 
 
@@ -175,6 +176,7 @@ def create_app(
     app.add_middleware(MetricsMiddleware, metrics=state.metrics)
     app.include_router(service_router)
     app.include_router(openai_router)
+    app.include_router(tokenize_router)
     app.include_router(models_router)
     app.include_router(admin_router)
     app.include_router(tgi_router)

@@ -46,11 +46,68 @@ class Generation:
 
 @dataclass
 class Collected:
+    """One choice's events folded together."""
+
+    index: int = 0
     text: list[str] = field(default_factory=list)
     tokens: list[TokenInfo] = field(default_factory=list)
     finish_reason: str | None = None
     usage: Usage | None = None
     last: GenerationEvent | None = None  # the finishing event (stop_reason, seed, timings)
+    seen: bool = False  # any event arrived for this choice
+
+    def add(self, event: GenerationEvent) -> bool:
+        """Fold one event in; True when it finished this choice."""
+        self.seen = True
+        self.text.append(event.text)
+        self.tokens.extend(event.tokens)
+        if event.finish_reason is None:
+            return False
+        self.finish_reason = event.finish_reason
+        self.usage = event.usage
+        self.last = event
+        return True
+
+    def completion_tokens(self) -> int:
+        return self.usage.completion_tokens if self.usage is not None else len(self.tokens)
+
+
+class Choices:
+    """Every choice of a generation (`n` of them), their events interleaved."""
+
+    def __init__(self, n: int) -> None:
+        self.items = [Collected(index=i) for i in range(n)]
+        self.prompt_tokens: tuple[TokenInfo, ...] | None = None
+        self._finished = 0
+
+    def add(self, gen: Generation, event: GenerationEvent) -> bool:
+        """Fold one event in; True once every choice has finished."""
+        gen.trace.event(bool(event.text or event.tokens))
+        if not 0 <= event.index < len(self.items):
+            raise RuntimeError(f"backend sent choice {event.index} of {len(self.items)}")
+        if event.prompt_tokens is not None:
+            self.prompt_tokens = event.prompt_tokens
+        if self.items[event.index].add(event):
+            self._finished += 1
+        return self._finished == len(self.items)
+
+    def failure(self) -> str | None:
+        """"abort" or "error" when a choice ended so (the whole request fails then)."""
+        return next((c.finish_reason for c in self.items
+                     if c.finish_reason in ("abort", "error")), None)
+
+    def last(self) -> GenerationEvent | None:
+        return next((c.last for c in self.items if c.last is not None), None)
+
+    def usage(self, gen: Generation) -> Usage:
+        """The prompt's tokens once, plus every choice's completion tokens."""
+        if len(self.items) > 1 and not all(c.seen for c in self.items):
+            log.error("backend ended a generation with choices missing")
+            raise finish_error("error")
+        finals = [c.usage for c in self.items if c.usage is not None]
+        # The contract puts usage on the last event; recount if a backend forgot.
+        prompt = finals[0].prompt_tokens if finals else gen.backend.count_tokens(gen.request)
+        return Usage(prompt, sum(c.completion_tokens() for c in self.items))
 
 
 def as_openai_error(exc: Exception) -> OpenAIError:
@@ -87,16 +144,9 @@ def finish_error(reason: str) -> OpenAIError:
 
 
 def observe(gen: Generation, event: GenerationEvent, into: Collected) -> bool:
-    """Fold one event into `into`; True when it was the last one."""
+    """Fold one event of a single-choice generation into `into`; True when it was the last."""
     gen.trace.event(bool(event.text or event.tokens))
-    into.text.append(event.text)
-    into.tokens.extend(event.tokens)
-    if event.finish_reason is None:
-        return False
-    into.finish_reason = event.finish_reason
-    into.usage = event.usage
-    into.last = event
-    return True
+    return into.add(event)
 
 
 def final_usage(gen: Generation, got: Collected) -> Usage:
@@ -106,29 +156,25 @@ def final_usage(gen: Generation, got: Collected) -> Usage:
     return Usage(gen.backend.count_tokens(gen.request), len(got.tokens))
 
 
-async def gather(gen: Generation) -> tuple[Collected, Usage]:
-    """Every event of a non-streamed generation, and its usage (recorded in the metrics)."""
-    got = Collected()
+async def gather_choices(gen: Generation) -> tuple[Choices, Usage]:
+    """Every event of a non-streamed generation, by choice, and the usage of them all
+    (recorded in the metrics once)."""
+    got = Choices(gen.request.sampling.n)
     try:
         event = gen.first
-        while event is not None and not observe(gen, event, got):
+        while event is not None and not got.add(gen, event):
             event = await anext(gen.events, None)
     except Exception as exc:
         raise as_openai_error(exc) from exc
     finally:
         await close_events(gen.events)
-    reason = got.finish_reason or "stop"
-    if reason in ("abort", "error"):
-        raise finish_error(reason)
-    usage = final_usage(gen, got)
-    gen.trace.finished(usage, got.last.timings if got.last else None)
+    failure = got.failure()
+    if failure is not None:
+        raise finish_error(failure)
+    usage = got.usage(gen)
+    last = got.last()
+    gen.trace.finished(usage, last.timings if last else None)
     return got, usage
-
-
-async def collect(gen: Generation, formatter: Formatter) -> dict[str, Any]:
-    """The whole non-streamed response body."""
-    got, usage = await gather(gen)
-    return formatter.body("".join(got.text), got.tokens, got.finish_reason or "stop", usage)
 
 
 def sse(data: dict[str, Any] | str) -> bytes:
@@ -136,8 +182,9 @@ def sse(data: dict[str, Any] | str) -> bytes:
     return f"data: {payload}\n\n".encode()
 
 
-async def stream(gen: Generation, formatter: Formatter, *, logprobs: bool) -> AsyncIterator[bytes]:
-    """SSE frames: opening chunks, deltas, the finish chunk, the usage chunk, `[DONE]`.
+async def stream(gen: Generation, formatter: Formatter) -> AsyncIterator[bytes]:
+    """SSE frames: opening chunks, deltas and each choice's finish chunk, the usage chunk,
+    `[DONE]`.
 
     A failure after the response started cannot change the status any more; it is
     sent as an `{"error": ...}` event (which the OpenAI SDK raises), then `[DONE]`.
@@ -145,26 +192,22 @@ async def stream(gen: Generation, formatter: Formatter, *, logprobs: bool) -> As
     try:
         for chunk in formatter.opening_chunks():
             yield sse(chunk)
-        got = Collected()
+        got = Choices(gen.request.sampling.n)
         event = gen.first
         while event is not None:
-            last = observe(gen, event, got)
-            if event.text or (logprobs and event.tokens):
-                yield sse(formatter.delta_chunk(event.text, event.tokens))
-            if last:
+            done = got.add(gen, event)
+            for chunk in formatter.delta_chunks(event.index, event.text, event.tokens):
+                yield sse(chunk)
+            if got.failure() is not None:
+                break
+            if event.finish_reason is not None:
+                for chunk in formatter.finish_chunks(event.index, event.finish_reason):
+                    yield sse(chunk)
+            if done:
                 break
             event = await anext(gen.events, None)
-        reason = got.finish_reason or "stop"
-        if reason in ("abort", "error"):
-            err = finish_error(reason)
-            gen.trace.failed(err.failure_kind())
-            yield sse(err.body())
-        else:
-            usage = final_usage(gen, got)
-            gen.trace.finished(usage, got.last.timings if got.last else None)
-            yield sse(formatter.finish_chunk(reason))
-            if formatter.include_usage:
-                yield sse(formatter.usage_chunk(usage))
+        async for frame in _stream_end(gen, formatter, got):
+            yield frame
     except Exception as exc:
         err = as_openai_error(exc)
         gen.trace.failed(err.failure_kind())
@@ -172,6 +215,25 @@ async def stream(gen: Generation, formatter: Formatter, *, logprobs: bool) -> As
     finally:
         await close_events(gen.events)
     yield sse("[DONE]")
+
+
+async def _stream_end(gen: Generation, formatter: Formatter, got: Choices,
+                      ) -> AsyncIterator[bytes]:
+    failure = got.failure()
+    if failure is not None:
+        err = finish_error(failure)
+        gen.trace.failed(err.failure_kind())
+        yield sse(err.body())
+        return
+    usage = got.usage(gen)
+    for choice in got.items:  # the iterator ended without finishing these: a plain stop
+        if choice.finish_reason is None:
+            for chunk in formatter.finish_chunks(choice.index, "stop"):
+                yield sse(chunk)
+    last = got.last()
+    gen.trace.finished(usage, last.timings if last else None)
+    if formatter.include_usage:
+        yield sse(formatter.usage_chunk(usage))
 
 
 async def wait_for_disconnect(receive: Receive) -> None:

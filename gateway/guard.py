@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -92,19 +92,22 @@ class _PromptTokens:
         return self._count
 
     async def reserve(self) -> int:
-        """Prompt + max_tokens (up to the context window): what admission holds back."""
+        """Prompt + n * max_tokens (each up to the context window): what admission holds back."""
         prompt = await self.count()
         window = max(self._backend.info().max_total_tokens, prompt)
         limit = self._request.sampling.max_tokens
-        return window if limit is None else min(prompt + limit, window)
+        per_choice = window - prompt if limit is None else min(limit, window - prompt)
+        return prompt + self._request.sampling.n * per_choice
 
 
 @dataclass
 class _Meter:
+    """Counts a generation's tokens as they stream, choice by choice, for settlement."""
+
     admission: Admission
     prompt: _PromptTokens
-    completion_tokens: int = 0
-    final: Usage | None = None
+    tokens: dict[int, int] = field(default_factory=dict)  # completion tokens seen, by choice
+    finals: dict[int, Usage] = field(default_factory=dict)  # each finished choice's usage
     started: bool = False
     settled: bool = False
 
@@ -112,21 +115,26 @@ class _Meter:
         self.started = True
         # A backend that cannot see tokens (an OpenAI-compatible upstream) sends text deltas
         # without them: count each as one, so a stream cut short still bills what it sent.
-        self.completion_tokens += len(event.tokens) or (1 if event.text else 0)
+        seen = len(event.tokens) or (1 if event.text else 0)
+        self.tokens[event.index] = self.tokens.get(event.index, 0) + seen
         if event.usage is not None:
-            self.final = event.usage
+            self.finals[event.index] = event.usage
 
     async def consumed(self) -> Consumed:
-        if self.final is not None:
-            return Consumed(self.final.prompt_tokens, self.final.completion_tokens, True)
         if not self.started:
             return Consumed()
-        try:
-            prompt = await self.prompt.count()
-        except Exception:
-            log.exception("counting prompt tokens for usage failed")
-            prompt = 0
-        return Consumed(prompt, self.completion_tokens, True)
+        completion = sum(
+            self.finals[i].completion_tokens if i in self.finals else count
+            for i, count in self.tokens.items())
+        if self.finals:
+            prompt = next(iter(self.finals.values())).prompt_tokens
+        else:
+            try:
+                prompt = await self.prompt.count()
+            except Exception:
+                log.exception("counting prompt tokens for usage failed")
+                prompt = 0
+        return Consumed(prompt, completion, True)
 
     async def settle(self) -> None:
         if self.settled:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -60,6 +60,8 @@ class ModelDeclaration(BaseModel):
     aliases: list[str] = Field(default_factory=list)
     options: dict[str, Any] = Field(default_factory=dict)  # with model_id
     deployments: list[DeploymentDeclaration] | None = Field(None, min_length=1)
+    # How tool calls are read from the output; default: judged from the chat template.
+    tool_call_parser: Literal["hermes", "llama3_json", "mistral"] | None = None
 
     @model_validator(mode="after")
     def _one_way(self) -> ModelDeclaration:
@@ -113,6 +115,7 @@ class ModelPlan:
     name: str
     aliases: tuple[str, ...]
     deployments: tuple[DeploymentPlan, ...]
+    tool_call_parser: str | None = None  # gateway/openai/tools FORMATS; None: from the template
 
 
 def _location(loc: tuple[int | str, ...]) -> str:
@@ -157,7 +160,7 @@ def model_plan(
         deployments = tuple(
             _deployment(decl, i, d, default_backend, engine_defaults)
             for i, d in enumerate(decl.deployments))
-    return ModelPlan(decl.name, tuple(decl.aliases), deployments)
+    return ModelPlan(decl.name, tuple(decl.aliases), deployments, decl.tool_call_parser)
 
 
 def _deployment(

@@ -20,6 +20,7 @@ class ModelEntry:
     name: str
     router: ModelRouter
     aliases: tuple[str, ...] = ()
+    tool_call_parser: str | None = None  # the models file's override; None: from the template
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property
@@ -41,6 +42,7 @@ class ModelRegistry:
 
     def add_model(
         self, name: str, deployments: Sequence[Deployment], aliases: Iterable[str] = (),
+        tool_call_parser: str | None = None,
     ) -> ModelEntry:
         aliases = tuple(a for a in dict.fromkeys(aliases) if a != name)
         for taken in (name, *aliases):
@@ -48,7 +50,8 @@ class ModelRegistry:
                 raise ValueError(
                     f"model name or alias {taken!r} is already used by {self._names[taken]!r}"
                 )
-        entry = ModelEntry(name, ModelRouter(name, deployments, self.policy), aliases)
+        router = ModelRouter(name, deployments, self.policy)
+        entry = ModelEntry(name, router, aliases, tool_call_parser)
         self._entries[name] = entry
         for taken in (name, *aliases):
             self._names[taken] = name

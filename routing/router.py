@@ -7,7 +7,9 @@ deployment (never one it tried; lower priorities once the best one's are spent),
 counts toward the failed deployment's cooldown; a local engine that is full (429
 `overloaded`) also hands the request on, without counting. Once an event has gone to the
 gateway the request is never retried: a failure then ends it. Any other `RequestError` (a
-client mistake, an upstream 4xx) is neither retried nor counted as a failure.
+client mistake, an upstream 4xx) is neither retried nor counted as a failure. With `n > 1`
+choices the events pass through until every choice has finished; an "error" finish in any
+choice counts as the deployment's failure.
 """
 
 from __future__ import annotations
@@ -53,6 +55,25 @@ class _Attempt:
     first: GenerationEvent | None = None
 
 
+class _Choices:
+    """Which of a request's `n` choices have finished: with n > 1 the events of the choices
+    interleave, and the request ends only when every one has its finish reason."""
+
+    def __init__(self, n: int) -> None:
+        self.n = max(n, 1)
+        self.finished: set[int] = set()
+        self.errored = False
+
+    def saw(self, event: GenerationEvent) -> None:
+        if event.finish_reason is not None:
+            self.finished.add(event.index)
+            self.errored = self.errored or event.finish_reason == "error"
+
+    @property
+    def all_finished(self) -> bool:
+        return len(self.finished) >= self.n
+
+
 class ModelRouter:
     """Routes one model's requests over its deployments; implements `Backend`."""
 
@@ -80,13 +101,13 @@ class ModelRouter:
         attempt = await self._open(req)
         assert attempt.events is not None
         outcome: Outcome | None = None
-        finish: str | None = None
+        choices = _Choices(req.sampling.n)
         try:
             event = attempt.first
             while event is not None:
-                finish = event.finish_reason
+                choices.saw(event)
                 yield event
-                if finish is not None:
+                if choices.all_finished:
                     break
                 event = await anext(attempt.events, None)
         except RETRYABLE as exc:  # after the first event: never retried
@@ -100,8 +121,8 @@ class ModelRouter:
             outcome = "failure"
             raise
         finally:
-            if outcome is None and (finish is not None or attempt.first is None):
-                outcome = "failure" if finish == "error" else "success"
+            if outcome is None and (choices.all_finished or attempt.first is None):
+                outcome = "failure" if choices.errored else "success"
             await self._end(attempt, outcome)
 
     async def _open(self, req: GenerationRequest) -> _Attempt:
@@ -178,6 +199,12 @@ class ModelRouter:
             raise RequestError("this model's backend cannot tokenize, so `truncate` is not "
                                "supported", param="truncate")
         return tokenize(req)
+
+    def detokenize(self, token_ids: list[int]) -> str:
+        detokenize = getattr(self.preferred().backend, "detokenize", None)
+        if detokenize is None:
+            raise RequestError("this model's backend cannot detokenize", param="tokens")
+        return detokenize(token_ids)
 
     def info(self) -> ModelInfo:
         return self.preferred().backend.info()

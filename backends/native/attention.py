@@ -53,6 +53,16 @@ class KVCache:
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
 
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy block src to block dst in every layer's K and V (copy on write of forks)."""
+        if not pairs:
+            return
+        device = self.k[0].device
+        src = torch.tensor([s for s, _ in pairs], dtype=torch.long, device=device)
+        dst = torch.tensor([d for _, d in pairs], dtype=torch.long, device=device)
+        for cache in (*self.k, *self.v):
+            cache.index_copy_(0, dst, cache.index_select(0, src))
+
     @staticmethod
     def bytes_per_token(num_layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
         return 2 * num_layers * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()

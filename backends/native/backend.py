@@ -16,6 +16,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -26,13 +27,23 @@ from backends.base import (
     GenerationRequest,
     Health,
     ModelInfo,
+    RequestError,
     SamplingParams,
     StepTiming,
+    StructuredOutput,
     Usage,
 )
 from backends.native.config import EngineConfig
 from backends.native.engine import LLMEngine, RequestOutput
-from backends.native.prompt_checks import check_prompt, encode_request, overloaded
+from backends.native.prompt_checks import (
+    check_prompt,
+    decode_checked,
+    encode_request,
+    overloaded,
+)
+
+if TYPE_CHECKING:
+    from backends.native.structured import CompiledGrammar
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +53,7 @@ class _Add:
     request_id: str
     prompt_token_ids: list[int]
     sampling: SamplingParams
+    grammar: CompiledGrammar | None = None
 
 
 @dataclass(frozen=True)
@@ -89,6 +101,8 @@ class NativeBackend:
             self._inbox.put(_STOP)
             await asyncio.to_thread(self._thread.join, 30)
             self._thread = None
+        if self.engine is not None:
+            self.engine.grammars.close()
 
     async def health(self) -> Health:
         if self._error:
@@ -107,6 +121,7 @@ class NativeBackend:
             dtype=str(loaded.dtype).removeprefix("torch."),
             quantization=loaded.quantization,
             backend="native",
+            chat_template=engine.tokenizer.chat_template,
             extra={
                 "model_id": loaded.model_path,
                 "device": loaded.device.type,
@@ -164,11 +179,24 @@ class NativeBackend:
             # Chat templates and long prompts take milliseconds: keep them off the loop.
             prompt_ids = await asyncio.to_thread(self.tokenize, req)
             self._validate(prompt_ids, req.sampling, "messages" if req.messages else "prompt")
-            async with aclosing(self._stream(req.request_id, prompt_ids, req.sampling)) as events:
+            grammar = await self._compile(req.sampling.structured)
+            add = _Add(req.request_id, prompt_ids, req.sampling, grammar)
+            async with aclosing(self._stream(add)) as events:
                 async for event in events:
                     yield event
         finally:
             self._in_flight -= 1
+
+    async def _compile(self, spec: StructuredOutput | None) -> CompiledGrammar | None:
+        """The request's grammar, compiled off the event loop (milliseconds to seconds)."""
+        if spec is None:
+            return None
+        from backends.native.structured import GrammarError
+
+        try:
+            return await asyncio.to_thread(self._ready_engine().grammars.compile, spec)
+        except GrammarError as e:
+            raise RequestError(str(e), param=spec.source) from None
 
     def _admit(self) -> None:
         self._ready_engine()
@@ -176,22 +204,22 @@ class NativeBackend:
             raise overloaded(self.config.max_concurrent_requests, "--max-concurrent-requests")
         self._in_flight += 1
 
-    async def _stream(
-        self, request_id: str, prompt_ids: list[int], sampling: SamplingParams,
-    ) -> AsyncIterator[GenerationEvent]:
+    async def _stream(self, add: _Add) -> AsyncIterator[GenerationEvent]:
+        """The events of every choice, until each has finished."""
         stream: asyncio.Queue[GenerationEvent] = asyncio.Queue()
-        self._streams[request_id] = stream
-        self._inbox.put(_Add(request_id, prompt_ids, sampling))
-        finished = False
+        self._streams[add.request_id] = stream
+        self._inbox.put(add)
+        unfinished = set(range(max(1, add.sampling.n)))
         try:
-            while not finished:
+            while unfinished:
                 event = await stream.get()
-                finished = event.finish_reason is not None
+                if event.finish_reason is not None:
+                    unfinished.discard(event.index)
                 yield event
         finally:
-            self._streams.pop(request_id, None)
-            if not finished:
-                self._inbox.put(_Abort(request_id))
+            self._streams.pop(add.request_id, None)
+            if unfinished:
+                self._inbox.put(_Abort(add.request_id))
 
     def _ready_engine(self) -> LLMEngine:
         if self.engine is None or self._thread is None:
@@ -200,6 +228,9 @@ class NativeBackend:
 
     def tokenize(self, req: GenerationRequest) -> list[int]:
         return encode_request(self._ready_engine().tokenizer, req)
+
+    def detokenize(self, token_ids: list[int]) -> str:
+        return decode_checked(self._ready_engine().tokenizer, token_ids)
 
     def _validate(self, ids: list[int], sampling: SamplingParams, field: str) -> None:
         loaded = self._ready_engine().loaded
@@ -214,10 +245,14 @@ class NativeBackend:
         if self.config.num_threads:
             torch.set_num_threads(self.config.num_threads)
         while True:
-            if not self._drain_inbox(engine, block=not engine.has_work()):
-                return
-            if engine.has_work():
-                self._publish(engine.step())
+            try:
+                if not self._drain_inbox(engine, block=not engine.has_work()):
+                    return
+                if engine.has_work():
+                    self._publish(engine.step())
+            except Exception:  # the thread must live on, or every request waits forever
+                log.exception("engine loop failed; failing every request in flight")
+                self._publish(engine.fail_all())
 
     def _drain_inbox(self, engine: LLMEngine, block: bool) -> bool:
         """Apply queued adds/aborts; False once asked to stop."""
@@ -236,10 +271,15 @@ class NativeBackend:
 
     def _add(self, engine: LLMEngine, message: _Add) -> None:
         try:
-            engine.add_request(message.request_id, message.prompt_token_ids, message.sampling)
+            engine.add_request(
+                message.request_id, message.prompt_token_ids, message.sampling, message.grammar
+            )
         except Exception as e:  # a bad request must never stop the engine thread
             log.exception("could not add request %s", message.request_id)
-            self._publish([RequestOutput(message.request_id, "", [], True, "error", str(e))])
+            self._publish([
+                RequestOutput(message.request_id, "", [], True, "error", str(e), index=i)
+                for i in range(max(1, message.sampling.n))
+            ])
 
     def _publish(self, outputs: list[RequestOutput]) -> None:
         if outputs and self._loop is not None:
@@ -263,4 +303,8 @@ def _event(output: RequestOutput) -> GenerationEvent:
         stop_reason=output.stop_reason,
         timings=output.timings,
         seed=output.seed,
+        index=output.index,
+        prompt_tokens=(
+            None if output.prompt_token_infos is None else tuple(output.prompt_token_infos)
+        ),
     )

@@ -5,6 +5,11 @@ of (parent block's key, its tokens). Blocks with a key stay findable after their
 last owner leaves: they wait, least recently used first, on the evictable list
 and are only reused for other tokens when the free list is empty. Every hit is
 checked against the stored tokens, so a hash collision can never serve wrong K/V.
+
+Forks (the `n` choices of one request) share their parent's blocks by reference. Only a
+sequence's partially filled last block is ever written, so copy-on-write happens there:
+before a step writes into a block that others still hold, the writer gets a fresh block and
+a (source, destination) copy is queued for the model runner to apply to every layer first.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ class BlockManager:
         self._keys: dict[int, BlockKey] = {}  # block -> its key
         self._cached: dict[int, int] = {}  # digest -> block
         self._owners: dict[str, list[int]] = {}
+        self._copies: list[tuple[int, int]] = []  # (src, dst) K/V copies for the next step
         self.queries = 0
         self.hits = 0
 
@@ -62,8 +68,10 @@ class BlockManager:
         return -(-num_tokens // self.block_size)
 
     def blocks_needed(self, seq: Sequence, num_tokens: int) -> int:
-        """Extra blocks `seq` needs so that its first `num_tokens` tokens have slots."""
-        return max(0, self.blocks_for_tokens(num_tokens) - len(seq.block_table))
+        """Extra blocks `seq` needs so that its first `num_tokens` tokens have slots (one
+        more when the block the next token goes to is shared: copy on write)."""
+        grow = max(0, self.blocks_for_tokens(num_tokens) - len(seq.block_table))
+        return grow + (self._shared_write_block(seq, num_tokens) is not None)
 
     def can_allocate(self, num_blocks: int) -> bool:
         return num_blocks <= self.num_free_blocks
@@ -97,13 +105,47 @@ class BlockManager:
         needed = self.blocks_needed(seq, num_tokens)
         if needed > self.num_free_blocks:
             raise MemoryError(f"need {needed} KV blocks, {self.num_free_blocks} free")
-        for _ in range(needed):
+        shared = self._shared_write_block(seq, num_tokens)
+        if shared is not None:
+            self._copy_on_write(seq, shared)
+        for _ in range(needed - (shared is not None)):
             block = self._pop_free()
             self._ref_counts[block] = 1
             seq.block_table.append(block)
         self._owners[seq.request_id] = seq.block_table
         if self.prefix_caching:
             self._key_full_blocks(seq, num_tokens)
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """Give `child` the parent's blocks (shared by reference) and keying progress."""
+        assert not child.block_table
+        for block in parent.block_table:
+            self._ref_counts[block] += 1
+        child.block_table = list(parent.block_table)
+        child.keyed_blocks, child.last_key = parent.keyed_blocks, parent.last_key
+        child.keying_stopped = parent.keying_stopped
+        self._owners[child.request_id] = child.block_table
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        """The (src, dst) block copies queued since the last call; apply before writing."""
+        copies, self._copies = self._copies, []
+        return copies
+
+    def _shared_write_block(self, seq: Sequence, num_tokens: int) -> int | None:
+        """Index in seq's table of the block its next token goes to, if others hold it too."""
+        if num_tokens <= seq.num_computed_tokens:
+            return None
+        i = seq.num_computed_tokens // self.block_size
+        if i < len(seq.block_table) and self._ref_counts[seq.block_table[i]] > 1:
+            return i
+        return None
+
+    def _copy_on_write(self, seq: Sequence, i: int) -> None:
+        src, dst = seq.block_table[i], self._pop_free()
+        self._ref_counts[src] -= 1  # still > 0: the other holders keep it
+        self._ref_counts[dst] = 1
+        seq.block_table[i] = dst
+        self._copies.append((src, dst))
 
     def free(self, seq: Sequence, *, forget: bool = False) -> None:
         """Drop seq's references. `forget`: its blocks' contents are not to be trusted

@@ -18,7 +18,7 @@ class StepInputs:
     positions: torch.Tensor
     meta: AttentionMetadata
     logits_indices: torch.Tensor
-    sampling_seqs: list[Sequence]  # rows of the logits, in order
+    sampling_seqs: list[Sequence]  # the first rows of the logits, in batch order
 
 
 class ModelRunner:
@@ -34,8 +34,15 @@ class ModelRunner:
         self.compiled = compiled
 
     @torch.inference_mode()
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Apply the block manager's copy-on-write copies (before the step writes)."""
+        self.kv_cache.copy_blocks(pairs)
+
+    @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> tuple[torch.Tensor, list[Sequence]]:
-        """Run one step; returns logits [S, V] for the sequences that sample, and them."""
+        """Run one step; returns logits [S + P, V] and the S sequences that sample: row i < S
+        samples for sequence i, the P rows after them are `batch.prompt_spans()`' positions
+        in order (prompt logprobs)."""
         inputs = self.prepare(batch)
         logits = self.model(
             inputs.input_ids, inputs.positions, self.kv_cache, inputs.meta, inputs.logits_indices
@@ -48,20 +55,22 @@ class ModelRunner:
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
-        logits_rows: list[int] = []
-        sampling: list[Sequence] = []
+        starts = [0] * len(batch.seqs)  # row of each sequence's first new token
         prefills: list[PrefillChunk] = []
         for i in order:
             seq, n = batch.seqs[i], batch.num_tokens[i]
             start, computed = len(ids), seq.num_computed_tokens
+            starts[i] = start
             ids.extend(seq.token_ids[computed : computed + n])
             positions.extend(range(computed, computed + n))
             slots.extend(self._slot(seq, p) for p in range(computed, computed + n))
-            if batch.samples(i):
-                logits_rows.append(start + n - 1)
-                sampling.append(seq)
             if n != 1:
                 prefills.append(self._prefill_chunk(seq, start, n))
+        sampling = [i for i in range(len(batch.seqs)) if batch.samples(i)]
+        logits_rows = [starts[i] + batch.num_tokens[i] - 1 for i in sampling]
+        start_of = {id(seq): starts[i] for i, seq in enumerate(batch.seqs)}
+        for seq, _, count in batch.prompt_spans():  # a span starts at the seq's first new token
+            logits_rows.extend(range(start_of[id(seq)], start_of[id(seq)] + count))
         slot_tensor = self._tensor(slots)
         meta = AttentionMetadata(
             slot_blocks=slot_tensor // self.block_size,
@@ -76,7 +85,8 @@ class ModelRunner:
         if decode:
             self._decode_metadata(meta, [batch.seqs[i] for i in decode])
         return StepInputs(
-            self._tensor(ids), self._tensor(positions), meta, self._tensor(logits_rows), sampling
+            self._tensor(ids), self._tensor(positions), meta, self._tensor(logits_rows),
+            [batch.seqs[i] for i in sampling],
         )
 
     def _slot(self, seq: Sequence, position: int) -> int:

@@ -18,7 +18,7 @@ def encode_request(tokenizer: Tokenizer, req: GenerationRequest) -> list[int]:
         return list(req.prompt_token_ids)
     if req.messages is not None:
         try:
-            return tokenizer.encode_chat(req.messages, req.add_generation_prompt)
+            return tokenizer.encode_chat(req.messages, req.add_generation_prompt, req.tools)
         except ChatTemplateError as e:
             raise RequestError(str(e), param="messages") from None
     return tokenizer.encode(req.prompt or "")
@@ -28,13 +28,15 @@ def check_prompt(
     ids: Sequence[int], sampling: SamplingParams, field: str, *, vocab_size: int,
     max_input_tokens: int, max_total_tokens: int,
 ) -> None:
-    """RequestError (400) for an empty prompt, ids outside the vocabulary, or a prompt (plus
-    max_tokens) beyond the model's limits."""
+    """RequestError (400) for an empty prompt, ids outside the vocabulary (prompt, logit_bias,
+    stop_token_ids), min_tokens above max_tokens, or a prompt (plus max_tokens) beyond the
+    model's limits."""
     n = len(ids)
     if n == 0:
         raise RequestError("the prompt is empty", param=field)
     if any(not 0 <= t < vocab_size for t in ids):
         raise RequestError("prompt token ids must be within the vocabulary", param=field)
+    check_token_ids(sampling, vocab_size)
     if n > max_input_tokens:
         raise RequestError(
             f"the prompt has {n} tokens, more than this model's maximum input of "
@@ -48,6 +50,37 @@ def check_prompt(
             f"your prompt has {n} tokens and max_tokens is {wanted}: reduce one of them",
             param="max_tokens", code="context_length_exceeded",
         )
+
+
+def check_token_ids(sampling: SamplingParams, vocab_size: int) -> None:
+    """The sampling parameters that name token ids name ones the model has."""
+    if any(not 0 <= t < vocab_size for t, _ in sampling.logit_bias):
+        raise RequestError(
+            f"logit_bias token ids must be within the vocabulary (0 to {vocab_size - 1})",
+            param="logit_bias",
+        )
+    if any(not 0 <= t < vocab_size for t in sampling.stop_token_ids):
+        raise RequestError(
+            f"stop_token_ids must be within the vocabulary (0 to {vocab_size - 1})",
+            param="stop_token_ids",
+        )
+    if sampling.max_tokens is not None and sampling.min_tokens > sampling.max_tokens:
+        raise RequestError(
+            f"min_tokens ({sampling.min_tokens}) must not exceed max_tokens "
+            f"({sampling.max_tokens})",
+            param="min_tokens",
+        )
+
+
+def decode_checked(tokenizer: Tokenizer, token_ids: Sequence[int]) -> str:
+    """The text of `token_ids` (special tokens kept); RequestError for an id outside the
+    vocabulary."""
+    if any(not 0 <= t < tokenizer.vocab_size for t in token_ids):
+        raise RequestError(
+            f"token ids must be within the vocabulary (0 to {tokenizer.vocab_size - 1})",
+            param="tokens",
+        )
+    return tokenizer.decode(list(token_ids), skip_special_tokens=False)
 
 
 def overloaded(limit: int, setting: str) -> RequestError:

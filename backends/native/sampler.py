@@ -1,4 +1,8 @@
-"""Batched sampling: penalties, greedy, temperature, top-k, top-p, seeds, logprobs."""
+"""Batched sampling: greedy, temperature, top-k, top-p, min-p, seeds, logprobs.
+
+Logprobs come from the raw distribution; the token is chosen from the processed logits
+(penalties, bias, min_tokens, grammar mask: see logits_processing.py).
+"""
 
 from __future__ import annotations
 
@@ -6,70 +10,95 @@ from dataclasses import dataclass
 
 import torch
 
+from backends.native.logits_processing import column, process_logits
 from backends.native.sequence import Sequence
+
+# Below this temperature sampling is greedy: logits / temperature would overflow to inf and
+# the probabilities to NaN (vLLM draws the line at 1e-5 too).
+GREEDY_TEMPERATURE = 1e-5
 
 
 @dataclass
 class SamplerOutput:
     token_ids: list[int]
     logprobs: list[float]  # of each chosen token under the model's raw distribution
+    # Per row, the seq.sampling.top_logprobs most likely (token, logprob), most likely first.
+    top_logprobs: list[list[tuple[int, float]]]
 
 
-def sample(logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generator) -> SamplerOutput:
-    """logits [S, V] float32, one row per sequence in `seqs`."""
-    logprobs_all = torch.log_softmax(logits, dim=-1)
-    logits = _apply_penalties(logits, seqs)
-    greedy = [s.sampling.temperature <= 0 for s in seqs]
-    chosen = logits.argmax(dim=-1)
-    if not all(greedy):
-        rows = [i for i, g in enumerate(greedy) if not g]
-        picked = _sample_rows(logits[rows], [seqs[i] for i in rows], generator)
-        chosen[rows] = picked
-    token_logprobs = logprobs_all.gather(1, chosen.unsqueeze(1)).squeeze(1)
-    return SamplerOutput(chosen.tolist(), token_logprobs.tolist())
+def sample(
+    logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generator,
+    bitmask: torch.Tensor | None = None,
+) -> SamplerOutput:
+    """logits [S, V], row i for seqs[i]; bitmask [S, ceil(V/32)] int32 of allowed tokens.
+
+    Sampled rows draw from seq.extras["generator"] when set, else from `generator`.
+    """
+    logits = logits.float()
+    logprobs = torch.log_softmax(logits, dim=-1)
+    processed = process_logits(logits, seqs, bitmask)
+    chosen = _argmax(processed, logits)
+    rows = [i for i, s in enumerate(seqs) if s.sampling.temperature >= GREEDY_TEMPERATURE]
+    if rows:
+        drawn = _sample_rows(processed[rows], [seqs[i] for i in rows], generator)
+        chosen[rows] = torch.where(drawn >= 0, drawn, chosen[rows])
+    chosen_logprobs = logprobs.gather(1, chosen.unsqueeze(1)).squeeze(1)
+    return SamplerOutput(chosen.tolist(), chosen_logprobs.tolist(), _top_logprobs(logprobs, seqs))
 
 
-def _apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-    rows = [i for i, s in enumerate(seqs) if _has_penalty(s)]
-    if not rows:
-        return logits
-    logits = logits.clone()
-    for i in rows:
-        logits[i] = _penalize(logits[i], seqs[i])
-    return logits
+def _argmax(processed: torch.Tensor, raw: torch.Tensor) -> torch.Tensor:
+    """Greedy choice per row; a row the processors left without any token (or NaN) falls
+    back to the raw argmax rather than to token 0."""
+    chosen = processed.argmax(dim=-1)
+    dead = ~(processed > float("-inf")).any(dim=-1)
+    return torch.where(dead, raw.argmax(dim=-1), chosen)
 
 
-def _has_penalty(seq: Sequence) -> bool:
-    p = seq.sampling
-    return p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
-
-
-def _penalize(row: torch.Tensor, seq: Sequence) -> torch.Tensor:
-    p = seq.sampling
-    if p.repetition_penalty != 1.0:  # over prompt and output, as transformers/TGI do
-        seen = torch.tensor(sorted(set(seq.token_ids)), dtype=torch.long)
-        values = row[seen]
-        row[seen] = torch.where(values > 0, values / p.repetition_penalty,
-                                values * p.repetition_penalty)
-    if seq.num_output_tokens and (p.frequency_penalty or p.presence_penalty):
-        counts = torch.bincount(torch.tensor(seq.output_token_ids), minlength=row.shape[0])
-        counts = counts[: row.shape[0]].to(row.dtype)
-        row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(row.dtype)
-    return row
+def _top_logprobs(logprobs: torch.Tensor, seqs: list[Sequence]) -> list[list[tuple[int, float]]]:
+    k = min(max((s.sampling.top_logprobs for s in seqs), default=0), logprobs.shape[1])
+    if k <= 0:
+        return [[] for _ in seqs]
+    values, ids = logprobs.topk(k, dim=-1)
+    values, ids = values.tolist(), ids.tolist()
+    return [
+        list(zip(ids[i][: s.sampling.top_logprobs], values[i][: s.sampling.top_logprobs],
+                 strict=True))
+        for i, s in enumerate(seqs)
+    ]
 
 
 def _sample_rows(
     logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generator
 ) -> torch.Tensor:
-    temps = torch.tensor([s.sampling.temperature for s in seqs], dtype=logits.dtype)
-    logits = logits / temps.unsqueeze(1)
+    """One drawn token per row; -1 for a row with nothing to draw from (all -inf or NaN)."""
+    logits = logits / column([s.sampling.temperature for s in seqs], logits)
+    logits = _min_p(logits, seqs)
     logits = _top_k_top_p(logits, seqs)
     probs = torch.softmax(logits, dim=-1)
-    out = torch.empty(len(seqs), dtype=torch.long)
-    for i, seq in enumerate(seqs):
-        gen = seq.extras.get("generator") or generator
-        out[i] = torch.multinomial(probs[i], 1, generator=gen)[0]
-    return out
+    # Inverse-CDF sampling with one uniform per row from that row's (CPU) generator, so a
+    # seed reproduces on any device. u is in (0, 1], and the first index whose cumulative
+    # mass reaches u * total always has a non-zero probability.
+    u = [1.0 - float(torch.rand((), generator=_generator(s, generator), dtype=torch.float64))
+         for s in seqs]
+    cdf = probs.double().cumsum(dim=-1)
+    target = torch.tensor(u, dtype=cdf.dtype, device=cdf.device).unsqueeze(1) * cdf[:, -1:]
+    drawn = torch.searchsorted(cdf, target).squeeze(1).clamp_(max=logits.shape[1] - 1)
+    total = cdf[:, -1]
+    return torch.where(torch.isfinite(total) & (total > 0), drawn, -1)
+
+
+def _generator(seq: Sequence, shared: torch.Generator) -> torch.Generator:
+    own = seq.extras.get("generator")
+    return shared if own is None else own
+
+
+def _min_p(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    """Drop tokens with probability < min_p * the top token's, i.e. logit < max + log(min_p)."""
+    min_p = [s.sampling.min_p for s in seqs]
+    if all(p <= 0 for p in min_p):
+        return logits
+    floor = logits.amax(dim=-1, keepdim=True) + column(min_p, logits).log()
+    return logits.masked_fill(logits < floor, float("-inf"))
 
 
 def _top_k_top_p(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
@@ -79,12 +108,14 @@ def _top_k_top_p(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         return logits
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     vocab = logits.shape[-1]
-    ks = torch.tensor([k if 0 < k < vocab else vocab for k in top_k])
-    ranks = torch.arange(vocab).unsqueeze(0)
-    remove = ranks >= ks.unsqueeze(1)
+    ks = column([k if 0 < k < vocab else vocab for k in top_k], logits)
+    ranks = torch.arange(vocab, device=logits.device).unsqueeze(0)
+    remove = ranks >= ks
     probs = torch.softmax(sorted_logits.masked_fill(remove, float("-inf")), dim=-1)
     before = probs.cumsum(dim=-1) - probs  # mass strictly before each token
-    ps = torch.tensor(top_p, dtype=probs.dtype).unsqueeze(1)
-    remove |= before >= ps  # keep the smallest prefix with mass >= top_p (always >= 1 token)
+    ps = column([p if p < 1.0 else 2.0 for p in top_p], probs)  # 2.0: rounding never cuts
+    remove |= before >= ps  # keep the smallest prefix with mass >= top_p
+    remove[:, 0] = False  # the top token always stays, even when a tiny top_p rounds to 0
     sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
     return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+

@@ -42,6 +42,21 @@ class ScheduledBatch:
         seq = self.seqs[i]
         return seq.num_computed_tokens + self.num_tokens[i] == seq.num_tokens
 
+    def sampling_seqs(self) -> list[Sequence]:
+        """The sequences that sample this step, in batch order (the rows of the logits)."""
+        return [seq for i, seq in enumerate(self.seqs) if self.samples(i)]
+
+    def prompt_spans(self) -> list[tuple[Sequence, int, int]]:
+        """(seq, first position, count) of the prompt positions computed this step whose
+        logits prompt logprobs need (position p predicts prompt token p + 1), batch order."""
+        spans = []
+        for seq, n in zip(self.seqs, self.num_tokens, strict=True):
+            first = seq.num_computed_tokens
+            count = min(first + n, seq.num_prompt_tokens - 1) - first
+            if seq.needs_prompt_logits and count > 0:
+                spans.append((seq, first, count))
+        return spans
+
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
@@ -101,8 +116,11 @@ class Scheduler:
 
     def _reserve(self, seq: Sequence, n: int, queue: list[Sequence]) -> bool:
         """Find blocks for n more tokens of seq, preempting the youngest others if needed."""
-        needed = self.blocks.blocks_needed(seq, seq.num_computed_tokens + n)
-        while not self.blocks.can_allocate(needed):
+        # Recomputed after each preemption: a preempted sibling may leave seq the only holder
+        # of a shared block, and then it writes in place instead of copying.
+        while not self.blocks.can_allocate(
+            self.blocks.blocks_needed(seq, seq.num_computed_tokens + n)
+        ):
             victim = queue.pop() if queue else seq
             self._preempt(victim)
             if victim is seq:
@@ -122,7 +140,13 @@ class Scheduler:
         joined = 0
         while self.waiting and budget > 0 and len(self.running) < self.config.max_batch_size:
             seq = self.waiting[0]
-            if not seq.block_table:
+            # Its choices fork into the batch later: admit them only when they all fit (a
+            # request with more choices than max_batch_size runs alone).
+            if self.running and self._width() + 1 + len(seq.unforked) > (
+                self.config.max_batch_size
+            ):
+                break
+            if not seq.block_table and not seq.needs_prompt_logits:
                 self.blocks.match_prefix(seq)
             n = seq.num_uncomputed_tokens
             if self.config.chunked_prefill:
@@ -144,6 +168,19 @@ class Scheduler:
             budget -= n
             joined += 1
         return joined
+
+    def _width(self) -> int:
+        """Running sequences, counting the choices they will fork into."""
+        return sum(1 + len(seq.unforked) for seq in self.running)
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """Run `child` from where the running `parent` is, sharing its KV blocks. Admission
+        counted the children in, so only a request with more choices than max_batch_size
+        makes the batch exceed it (alone, for its lifetime)."""
+        self.blocks.fork(parent, child)
+        child.num_computed_tokens = parent.num_computed_tokens
+        child.status = SequenceStatus.RUNNING
+        self.running.append(child)
 
     def postprocess(self, batch: ScheduledBatch) -> None:
         """Advance computed-token counts once the step has run."""

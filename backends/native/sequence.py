@@ -10,6 +10,7 @@ from backends.base import SamplingParams
 
 
 class SequenceStatus(enum.Enum):
+    NEW = "new"  # a choice waiting to be forked off choice 0 (not in the scheduler yet)
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"
@@ -38,15 +39,23 @@ class Sequence:
     keyed_blocks: int = 0
     last_key: int | None = None
     keying_stopped: bool = False
+    # Choice `index` of request `group_id` (n > 1: one sequence per choice, forked from
+    # choice 0 once the prompt is computed); group_id defaults to request_id.
+    group_id: str = ""
+    index: int = 0
+    unforked: list[Sequence] = field(default_factory=list)  # choices to fork off this one
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: str | None = None
     stop_reason: str | None = None
-    # Per-request helpers owned by the engine (detokenizer, stop checker, generator).
+    # Per-choice helpers owned by the engine (detokenizer, stop checker, generator and seed,
+    # grammar matcher, prompt logprobs so far); choice 0 also lists every choice.
     extras: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.token_ids:
             self.token_ids = list(self.prompt_token_ids)
+        if not self.group_id:
+            self.group_id = self.request_id
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -71,6 +80,12 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
+
+    @property
+    def needs_prompt_logits(self) -> bool:
+        """Prompt logprobs asked and not produced yet: every prompt position's logits are
+        needed, so the prefix cache is skipped."""
+        return self.sampling.prompt_logprobs is not None and not self.num_output_tokens
 
     @property
     def max_total_tokens(self) -> int:

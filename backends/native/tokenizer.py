@@ -66,17 +66,18 @@ class Tokenizer:
         return list(self.hf(text).input_ids)
 
     def encode_chat(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
     ) -> list[int]:
-        """Exactly transformers' apply_chat_template(..., tokenize=True)."""
+        """Exactly transformers' apply_chat_template(..., tools=tools, tokenize=True)."""
         if not self.chat_template:
             raise ChatTemplateError(
                 "This model has no chat template; use the completions endpoint with a prompt."
             )
         try:
             ids = self.hf.apply_chat_template(
-                messages, add_generation_prompt=add_generation_prompt, tokenize=True,
-                return_dict=False,
+                messages, tools=tools or None, add_generation_prompt=add_generation_prompt,
+                tokenize=True, return_dict=False,
             )
         except jinja2.TemplateError as exc:
             raise ChatTemplateError(f"The chat template rejected the messages: {exc}") from exc

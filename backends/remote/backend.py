@@ -1,8 +1,10 @@
 """RemoteBackend: any OpenAI-compatible server (vLLM, SGLang, Ollama, OpenAI, Switchyard).
 
-Always streams upstream and yields each delta as it arrives. Usage comes from the upstream
-(`stream_options.include_usage`); an upstream that refuses that option is asked again
-without it, and from then on usage is counted here (`info().extra["usage_source"]`).
+Always streams upstream and yields each delta as it arrives; with n > 1 each choice's deltas
+carry its index, and every choice's finishing event comes once the upstream's stream ended.
+Usage comes from the upstream (`stream_options.include_usage`); an upstream that refuses that
+option is asked again without it, and from then on usage is counted here
+(`info().extra["usage_source"]`).
 Closing the event iterator closes the upstream response, so the upstream aborts too.
 """
 
@@ -64,12 +66,11 @@ class RemoteBackend(UpstreamBackend):
 
     async def events(self, req: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         response = await self._open(req)
-        reader = ChunkReader(chat=req.messages is not None)
+        reader = ChunkReader(chat=req.messages is not None, n=req.sampling.n)
         try:
             with transport_errors(self.options.base_url):
                 if response.headers.get("content-type", "").startswith("application/json"):
-                    event = reader.feed(parse_json((await response.read()).decode()))
-                    if event is not None:
+                    for event in reader.feed(parse_json((await response.read()).decode())):
                         yield event
                 else:
                     done = False
@@ -77,9 +78,9 @@ class RemoteBackend(UpstreamBackend):
                     # keep-alive connection (a new TCP connect per request).
                     async for data in sse_data(response):
                         done = done or data.strip() == "[DONE]"
-                        event = None if done else reader.feed(parse_json(data))
-                        if event is not None:
+                        for event in [] if done else reader.feed(parse_json(data)):
                             yield event
-            yield reader.last(self.counter, req)
+            for event in reader.last(self.counter, req):
+                yield event
         finally:
             response.close()  # read to its end, the connection is back in the pool already

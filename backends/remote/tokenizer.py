@@ -22,11 +22,17 @@ from backends.base import GenerationRequest, RequestError
 
 
 class ChatTokenizer(Protocol):
+    vocab_size: int  # ids 0 .. vocab_size - 1 decode
+    chat_template: str | None  # the template's source
+
     def encode(self, text: str, *, special: bool) -> list[int]: ...
 
-    def decode(self, ids: list[int]) -> str: ...
+    def decode(self, ids: list[int], *, skip_special: bool = True) -> str: ...
 
-    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str: ...
+    def render_chat(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> str: ...
 
     def adds_bos(self) -> str | None:
         """The BOS token's text when encoding adds it by itself, else None."""
@@ -80,22 +86,28 @@ class FolderTokenizer:
             name: text for name in ("bos_token", "eos_token", "unk_token", "pad_token")
             if (text := _token_text(config.get(name))) is not None
         }
-        source = _chat_template(root, config)
+        self.vocab_size: int = self._tok.get_vocab_size(with_added_tokens=True)
+        self.chat_template: str | None = _chat_template(root, config)
+        source = self.chat_template
         self._template = _template_env().from_string(source) if source else None
 
     def encode(self, text: str, *, special: bool) -> list[int]:
         return self._tok.encode(text, add_special_tokens=special).ids
 
-    def decode(self, ids: list[int]) -> str:
-        return self._tok.decode(ids, skip_special_tokens=True)
+    def decode(self, ids: list[int], *, skip_special: bool = True) -> str:
+        return self._tok.decode(ids, skip_special_tokens=skip_special)
 
-    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+    def render_chat(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> str:
         if self._template is None:
             raise RequestError("This model's tokenizer has no chat template; use a text prompt.",
                                param="messages")
         try:
-            return self._template.render(
-                messages=messages, add_generation_prompt=add_generation_prompt, **self._special)
+            return self._template.render(  # `tools` as transformers' apply_chat_template passes
+                messages=messages, add_generation_prompt=add_generation_prompt, tools=tools,
+                **self._special)
         except (jinja2.TemplateError, TypeError, KeyError, IndexError, ValueError) as exc:
             # templates index and concatenate message fields: odd messages fail either way
             raise RequestError(f"The chat template rejected the messages: {exc}",
@@ -117,17 +129,23 @@ class GGUFTokenizer:
 
         folder, name = os.path.split(os.path.abspath(path))
         self._hf = AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True)
+        self.vocab_size: int = len(self._hf)
+        self.chat_template: str | None = self._hf.chat_template
 
     def encode(self, text: str, *, special: bool) -> list[int]:
         return list(self._hf(text, add_special_tokens=special).input_ids)
 
-    def decode(self, ids: list[int]) -> str:
-        return self._hf.decode(ids, skip_special_tokens=True)
+    def decode(self, ids: list[int], *, skip_special: bool = True) -> str:
+        return self._hf.decode(ids, skip_special_tokens=skip_special)
 
-    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+    def render_chat(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> str:
         try:
             return self._hf.apply_chat_template(
-                messages, add_generation_prompt=add_generation_prompt, tokenize=False)
+                messages, add_generation_prompt=add_generation_prompt, tools=tools,
+                tokenize=False)
         except (jinja2.TemplateError, ValueError, TypeError, KeyError) as exc:
             raise RequestError(f"Cannot apply the chat template: {exc}",
                                param="messages") from None
@@ -162,7 +180,8 @@ class TokenCounter:
         if req.messages is not None:
             if self.tokenizer is None:
                 return "\n".join(str(m.get("content", "")) for m in req.messages)
-            return self.tokenizer.render_chat(req.messages, req.add_generation_prompt)
+            return self.tokenizer.render_chat(req.messages, req.add_generation_prompt,
+                                              req.tools)
         if req.prompt_token_ids is not None and self.tokenizer is not None:
             return self.tokenizer.decode(list(req.prompt_token_ids))
         return req.prompt or ""
@@ -184,6 +203,18 @@ class TokenCounter:
         if self.tokenizer is None:
             return estimate_tokens(self.prompt_text(req))
         return len(self.prompt_ids(req))
+
+    def detokenize(self, token_ids: list[int]) -> str:
+        """vLLM's /detokenize: the text of `token_ids`, special tokens included."""
+        if self.tokenizer is None:
+            raise RequestError(
+                "this deployment cannot detokenize: give its backend a `tokenizer` option",
+                param="tokens", code="tokenizer_required")
+        vocab = self.tokenizer.vocab_size
+        if any(not 0 <= t < vocab for t in token_ids):
+            raise RequestError(f"token ids must be within the vocabulary (0 to {vocab - 1})",
+                               param="tokens")
+        return self.tokenizer.decode(list(token_ids), skip_special=False)
 
     def completion_tokens(self, text: str) -> int:
         if self.tokenizer is None:

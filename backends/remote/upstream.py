@@ -81,8 +81,13 @@ class UpstreamBackend:
     def info(self) -> ModelInfo:
         return ModelInfo(
             name=self.name, max_input_tokens=self.max_input_tokens,
-            max_total_tokens=self.max_total_tokens, backend=self.kind, extra=self.info_extra(),
+            max_total_tokens=self.max_total_tokens, backend=self.kind,
+            chat_template=self.chat_template(), extra=self.info_extra(),
         )
+
+    def chat_template(self) -> str | None:
+        """The template this backend renders chats with; None where the upstream templates."""
+        return None
 
     def info_extra(self) -> dict[str, Any]:
         return {
@@ -101,6 +106,9 @@ class UpstreamBackend:
 
     def tokenize(self, req: GenerationRequest) -> list[int]:
         return self.counter.prompt_ids(req)
+
+    def detokenize(self, token_ids: list[int]) -> str:
+        return self.counter.detokenize(token_ids)
 
     async def generate(self, req: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         self._in_flight += 1

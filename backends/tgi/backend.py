@@ -1,21 +1,25 @@
 """TGIBackend: a TGI server (or Switchyard's TGI routes) through `/generate_stream`.
 
-TGI's /generate has no chat: messages are rendered with the `tokenizer` option's chat
-template (without one, chat is refused with a 400 naming the option). Errors, timeouts and
-closing behave as in `backends.remote`.
+TGI's /generate has no chat: messages (and `tools`, as transformers passes them) are rendered
+with the `tokenizer` option's chat template (without one, chat is refused with a 400 naming
+the option); the gateway reads tool calls from the text, as with any backend. A request for
+prompt logprobs goes to `/generate` (TGI computes them only there) and is answered whole.
+Errors, timeouts and closing behave as in `backends.remote`.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 from backends.base import DeploymentError, GenerationEvent, GenerationRequest, RequestError
 from backends.native.stop_checker import StopChecker
 from backends.remote.client import UpstreamClient
-from backends.remote.http import parse_json, sse_data, transport_errors
+from backends.remote.http import malformed, parse_json, sse_data, transport_errors
 from backends.remote.upstream import UpstreamBackend
-from backends.tgi.frames import FrameReader
+from backends.tgi.frames import FrameReader, prefill_tokens, whole_as_frames
 from backends.tgi.options import TGIOptions
 from backends.tgi.payload import build_payload
 
@@ -36,6 +40,11 @@ class TGIBackend(UpstreamBackend):
             self.max_total_tokens = total
             limit = info.get("max_input_tokens", info.get("max_input_length"))
             self.max_input_tokens = limit if isinstance(limit, int) else total - 1
+
+    def chat_template(self) -> str | None:
+        """The `tokenizer` option's template: this backend renders chats itself."""
+        tokenizer = self.counter.tokenizer
+        return tokenizer.chat_template if tokenizer is not None else None
 
     def info_extra(self) -> dict[str, Any]:
         extra = super().info_extra()
@@ -66,9 +75,13 @@ class TGIBackend(UpstreamBackend):
     async def events(self, req: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         inputs = self._inputs(req)
         body = build_payload(inputs, req.sampling)
-        response = await self.client.open_stream("/generate_stream", body)
         reader = FrameReader(req.sampling.logprobs, StopChecker(req.sampling.stop),
                              lambda: self.counter.prompt_tokens(req))
+        if req.sampling.prompt_logprobs is not None:
+            for event in await self._whole(body, reader):
+                yield event
+            return
+        response = await self.client.open_stream("/generate_stream", body)
         last: GenerationEvent | None = None
         try:
             with transport_errors(self.options.base_url):
@@ -86,3 +99,27 @@ class TGIBackend(UpstreamBackend):
             yield last
         finally:
             response.close()  # read to its end, the connection is back in the pool already
+
+    async def _whole(self, body: dict[str, Any], reader: FrameReader) -> list[GenerationEvent]:
+        """TGI gives the prompt's logprobs (decoder_input_details) only on `/generate`, in a
+        whole answer: its tokens are replayed as stream frames, the prompt's on the first."""
+        response = await self.client.open_stream("/generate", body)
+        try:
+            with transport_errors(self.options.base_url):
+                raw = await response.read()
+        finally:
+            response.close()
+        try:
+            answer = json.loads(raw)
+        except ValueError:
+            raise malformed(f"the answer is not JSON: {raw[:200]!r}") from None
+        frames = whole_as_frames(answer)
+        events: list[GenerationEvent] = []
+        for frame in frames:
+            event = reader.feed(frame)
+            if event is not None:
+                events.append(event)
+            if reader.finished:
+                break
+        prompt = prefill_tokens(frames[-1]["details"])
+        return [replace(events[0], prompt_tokens=prompt), *events[1:]]

@@ -1,11 +1,12 @@
 """TGI's `/generate_stream` events -> GenerationEvents.
 
-An event is `{"index", "token": {"id", "text", "logprob", "special"}, "generated_text",
-"details"}`; the last one has `generated_text` and (with `details: true`) `details =
-{"finish_reason", "generated_tokens", "seed", "input_length"?}`. TGI keeps a stop sequence in
-its text; the contract (and OpenAI) does not, so text passes through a StopChecker, which
-also holds back a partial stop until it is known not to be one. Special tokens keep their
-text on the token but add none to the answer, as TGI's `generated_text` does.
+An event is `{"index", "token": {"id", "text", "logprob", "special"}, "top_tokens",
+"generated_text", "details"}`; the last one has `generated_text` and (with `details: true`)
+`details = {"finish_reason", "generated_tokens", "seed", "input_length"?}`. TGI keeps a stop
+sequence in its text; the contract (and OpenAI) does not, so text passes through a
+StopChecker, which also holds back a partial stop until it is known not to be one. Special
+tokens keep their text on the token but add none to the answer, as TGI's `generated_text`
+does. A whole `/generate` answer (asked for prompt logprobs) is read as the same frames.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from backends.base import FinishReason, GenerationEvent, TokenInfo, Usage
+from backends.base import FinishReason, GenerationEvent, TokenInfo, TopLogprob, Usage
 from backends.native.stop_checker import StopChecker  # pure Python, no torch
 from backends.remote.http import malformed, stream_error
 
@@ -24,15 +25,59 @@ _FINISH: dict[str, tuple[FinishReason, str | None]] = {
 }
 
 
+def _valid(token: Any) -> bool:
+    return isinstance(token, dict) and isinstance(token.get("id"), int) \
+        and isinstance(token.get("text"), str)
+
+
+def _logprob(token: dict[str, Any]) -> float | None:
+    logprob = token.get("logprob")
+    return float(logprob) if isinstance(logprob, int | float) else None
+
+
+def _top_tokens(value: Any) -> tuple[TopLogprob, ...]:
+    """TGI's `top_tokens` (top_n_tokens), most likely first."""
+    tops = [TopLogprob(t["id"], t["text"], lp) for t in value or ()
+            if _valid(t) and (lp := _logprob(t)) is not None]
+    return tuple(sorted(tops, key=lambda t: -t.logprob))
+
+
 def _token(frame: dict[str, Any], logprobs: bool) -> TokenInfo:
     token = frame.get("token")
-    if not isinstance(token, dict) or not isinstance(token.get("id"), int) \
-            or not isinstance(token.get("text"), str):
+    if not _valid(token):
         raise malformed(f"an event has no valid token: {str(frame)[:200]}")
-    logprob = token.get("logprob")
-    value = float(logprob) if logprobs and isinstance(logprob, int | float) else None
-    return TokenInfo(id=token["id"], text=token["text"], logprob=value,
-                     special=bool(token.get("special")))
+    return TokenInfo(id=token["id"], text=token["text"],
+                     logprob=_logprob(token) if logprobs else None,
+                     special=bool(token.get("special")),
+                     top_logprobs=_top_tokens(frame.get("top_tokens")) if logprobs else ())
+
+
+def prefill_tokens(details: dict[str, Any]) -> tuple[TokenInfo, ...]:
+    """`details.prefill` (decoder_input_details): the prompt's tokens, the first without a
+    logprob. TGI lists no alternatives for prompt tokens, so none are given here."""
+    prefill = details.get("prefill")
+    if not isinstance(prefill, list) or not all(_valid(t) for t in prefill):
+        raise malformed(f"details.prefill is not a token list: {str(prefill)[:200]}")
+    return tuple(TokenInfo(t["id"], t["text"], None if i == 0 else _logprob(t))
+                 for i, t in enumerate(prefill))
+
+
+def whole_as_frames(answer: Any) -> list[dict[str, Any]]:
+    """A whole `/generate` answer as the frames `/generate_stream` would have sent."""
+    if isinstance(answer, list) and len(answer) == 1:  # the compat route's shape
+        answer = answer[0]
+    details = answer.get("details") if isinstance(answer, dict) else None
+    tokens = details.get("tokens") if isinstance(details, dict) else None
+    if not isinstance(tokens, list) or not tokens:
+        raise malformed(f"an answer has no details.tokens: {str(answer)[:200]}")
+    tops = details.get("top_tokens") or [[]] * len(tokens)
+    frames: list[dict[str, Any]] = [
+        {"index": i + 1, "token": token, "top_tokens": top, "generated_text": None,
+         "details": None} for i, (token, top) in enumerate(zip(tokens, tops, strict=False))]
+    if isinstance(details.get("prefill"), list) and details["prefill"]:
+        details = {"input_length": len(details["prefill"]), **details}
+    frames[-1].update(generated_text=answer.get("generated_text", ""), details=details)
+    return frames
 
 
 @dataclass

@@ -4,6 +4,8 @@ The reference and the fallback for architectures the native engine lacks. One wo
 owns torch and runs one `generate` at a time; requests queue in a thread-safe inbox. Each
 token reaches its request's asyncio queue through `call_soon_threadsafe` from a
 StoppingCriteria (hooks.TokenBridge), which also stops a cancelled request at its next token.
+With n > 1 each choice is its own job (seed + index), so the choices' events come one choice
+after another. Structured outputs and prompt logprobs are refused (the native engine has them).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import os
 import queue
 import random
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 
 import torch
@@ -27,10 +29,17 @@ from backends.base import (
     GenerationRequest,
     Health,
     ModelInfo,
+    RequestError,
     SamplingParams,
     StepTiming,
 )
-from backends.native.prompt_checks import check_prompt, encode_request, overloaded
+from backends.native.logprobs import TokenTexts
+from backends.native.prompt_checks import (
+    check_prompt,
+    decode_checked,
+    encode_request,
+    overloaded,
+)
 from backends.transformers.loading import LoadedHF, load
 from backends.transformers.options import TransformersOptions
 from backends.transformers.runner import Job, run_job
@@ -58,6 +67,7 @@ class TransformersBackend:
         self._in_flight = 0
         self._current: Job | None = None
         self._closing = False
+        self._texts: TokenTexts | None = None  # alternatives' text pieces, cached
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -66,6 +76,7 @@ class TransformersBackend:
         except Exception as exc:
             self._error = f"loading failed: {exc}"
             raise
+        self._texts = TokenTexts(self.loaded.tokenizer)
         self._thread = threading.Thread(target=self._run, name="transformers", daemon=True)
         self._thread.start()
 
@@ -101,6 +112,7 @@ class TransformersBackend:
             dtype=str(loaded.dtype).removeprefix("torch."),
             quantization=loaded.quantization,
             backend="transformers",
+            chat_template=loaded.tokenizer.chat_template,
             extra={
                 "model_id": loaded.path,
                 "device": loaded.device.type,
@@ -125,6 +137,9 @@ class TransformersBackend:
 
     def tokenize(self, req: GenerationRequest) -> list[int]:
         return encode_request(self._ready().tokenizer, req)
+
+    def detokenize(self, token_ids: list[int]) -> str:
+        return decode_checked(self._ready().tokenizer, token_ids)
 
     async def generate(self, req: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         self._admit()
@@ -151,6 +166,7 @@ class TransformersBackend:
     def _validate(self, ids: list[int], sampling: SamplingParams, field: str) -> int:
         """Raise RequestError for a prompt that cannot run; return its max new tokens."""
         loaded = self._ready()
+        _refuse_unsupported(sampling)
         check_prompt(ids, sampling, field, vocab_size=loaded.vocab_size,
                      max_input_tokens=loaded.max_input_tokens,
                      max_total_tokens=loaded.max_total_tokens)
@@ -160,29 +176,41 @@ class TransformersBackend:
     async def _stream(
         self, req: GenerationRequest, prompt_ids: list[int], max_tokens: int,
     ) -> AsyncIterator[GenerationEvent]:
+        """One job per choice (n > 1 runs them one after another, each with its own seed)."""
         loop = self._loop
         assert loop is not None
         events: asyncio.Queue[GenerationEvent] = asyncio.Queue()
+
+        def publish(event: GenerationEvent) -> None:
+            loop.call_soon_threadsafe(events.put_nowait, event)
+
+        jobs = [self._job(req, prompt_ids, max_tokens, index, publish)
+                for index in range(max(req.sampling.n, 1))]
+        self._refuse_if_closing()  # close() may have begun while the prompt was tokenized
+        for job in jobs:
+            self._inbox.put(job)
+        unfinished = len(jobs)
+        try:
+            while unfinished:
+                event = await events.get()
+                unfinished -= event.finish_reason is not None
+                yield event
+        finally:
+            if unfinished:
+                for job in jobs:  # the worker skips them, or stops one at its next token
+                    job.cancelled.set()
+
+    def _job(
+        self, req: GenerationRequest, prompt_ids: list[int], max_tokens: int, index: int,
+        publish: Callable[[GenerationEvent], None],
+    ) -> Job:
         sampling = req.sampling
         seed = None
         if sampling.temperature > 0:  # TGI reports the seed a sampled request used
-            seed = sampling.seed if sampling.seed is not None else random.getrandbits(63)
-        tracker = RequestTracker(
-            self._ready().tokenizer, prompt_ids, sampling, max_tokens, seed,
-            publish=lambda event: loop.call_soon_threadsafe(events.put_nowait, event),
-        )
-        job = Job(req.request_id, prompt_ids, sampling, tracker)
-        self._refuse_if_closing()  # close() may have begun while the prompt was tokenized
-        self._inbox.put(job)
-        finished = False
-        try:
-            while not finished:
-                event = await events.get()
-                finished = event.finish_reason is not None
-                yield event
-        finally:
-            if not finished:
-                job.cancelled.set()  # the worker skips it, or stops it at its next token
+            seed = sampling.seed + index if sampling.seed is not None else random.getrandbits(63)
+        tracker = RequestTracker(self._ready().tokenizer, prompt_ids, sampling, max_tokens, seed,
+                                 publish, index=index, texts=self._texts)
+        return Job(req.request_id, prompt_ids, sampling, tracker)
 
     def _ready(self) -> LoadedHF:
         if self.loaded is None or self._thread is None:
@@ -225,3 +253,17 @@ class TransformersBackend:
                 return
             if isinstance(job, Job):
                 job.tracker.finish("abort")
+
+
+def _refuse_unsupported(sampling: SamplingParams) -> None:
+    """What `generate` has no hook for here: a 400 naming the parameter and this backend."""
+    if sampling.structured is not None:
+        raise RequestError(
+            f"structured outputs ({sampling.structured.kind}) are not supported by the "
+            "transformers backend; use the native engine",
+            param=sampling.structured.source, code="unsupported_parameter")
+    if sampling.prompt_logprobs is not None:
+        raise RequestError(
+            "prompt logprobs (`prompt_logprobs`, TGI's `decoder_input_details`) are not "
+            "supported by the transformers backend; use the native engine",
+            param="prompt_logprobs", code="unsupported_parameter")

@@ -29,6 +29,25 @@ class LogprobRecorder(LogitsProcessor):
     def logprob(self, token: int) -> float | None:
         return None if self.last is None else float(self.last[token])
 
+    def top(self, k: int) -> list[tuple[int, float]]:
+        """The k most likely tokens of the last step, most likely first."""
+        if self.last is None or k <= 0:
+            return []
+        values, indices = self.last.topk(min(k, self.last.shape[-1]))
+        return list(zip(indices.tolist(), values.tolist(), strict=True))
+
+
+class LogitBias(LogitsProcessor):
+    """OpenAI's `logit_bias`: a fixed amount added to chosen tokens' logits."""
+
+    def __init__(self, bias: tuple[tuple[int, float], ...], device: torch.device) -> None:
+        self._ids = torch.tensor([t for t, _ in bias], dtype=torch.long, device=device)
+        self._values = torch.tensor([b for _, b in bias], dtype=torch.float32, device=device)
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        return scores.index_add(1, self._ids, self._values.to(scores.dtype).expand(
+            scores.shape[0], -1))
+
 
 class FrequencyPresencePenalty(LogitsProcessor):
     """OpenAI's penalties over the generated tokens (not the prompt), as the native engine."""
@@ -67,11 +86,12 @@ class TokenBridge(StoppingCriteria):
 
     def __init__(
         self, tracker: RequestTracker, cancelled: threading.Event,
-        recorder: LogprobRecorder | None,
+        recorder: LogprobRecorder | None, top_logprobs: int = 0,
     ) -> None:
         self._tracker = tracker
         self._cancelled = cancelled
         self._recorder = recorder
+        self._top_logprobs = top_logprobs
 
     def __call__(
         self, input_ids: torch.LongTensor, scores: object, **kwargs: object
@@ -79,6 +99,8 @@ class TokenBridge(StoppingCriteria):
         done = self._tracker.finished or self._cancelled.is_set()
         if not done:
             token = int(input_ids[0, -1])
-            logprob = self._recorder.logprob(token) if self._recorder is not None else None
-            done = self._tracker.add(token, logprob)
+            recorder = self._recorder
+            logprob = recorder.logprob(token) if recorder is not None else None
+            top = recorder.top(self._top_logprobs) if recorder is not None else []
+            done = self._tracker.add(token, logprob, top)
         return torch.full((input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device)

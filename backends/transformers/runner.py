@@ -11,6 +11,8 @@ from transformers import (
     GenerationConfig,
     LogitsProcessor,
     LogitsProcessorList,
+    MinNewTokensLengthLogitsProcessor,
+    MinPLogitsWarper,
     RepetitionPenaltyLogitsProcessor,
     StoppingCriteriaList,
     TemperatureLogitsWarper,
@@ -21,6 +23,7 @@ from transformers import (
 from backends.base import SamplingParams
 from backends.transformers.hooks import (
     FrequencyPresencePenalty,
+    LogitBias,
     LogprobRecorder,
     SeededSampler,
     TokenBridge,
@@ -55,9 +58,8 @@ def run_job(loaded: LoadedHF, job: Job) -> None:
                     max_new_tokens=job.tracker.max_tokens, do_sample=False
                 ),
                 logits_processor=processors,
-                stopping_criteria=StoppingCriteriaList(
-                    [TokenBridge(job.tracker, job.cancelled, recorder)]
-                ),
+                stopping_criteria=StoppingCriteriaList([TokenBridge(
+                    job.tracker, job.cancelled, recorder, job.sampling.top_logprobs)]),
             )
     except Exception:  # a failed request must never stop the worker thread
         log.exception("transformers generate failed for request %s", job.request_id)
@@ -70,8 +72,9 @@ def run_job(loaded: LoadedHF, job: Job) -> None:
 def _processors(
     job: Job, device: torch.device, recorder: LogprobRecorder | None,
 ) -> LogitsProcessorList:
-    """Raw logprobs first, then penalties, then (sampled) temperature, top-k, top-p, the draw:
-    transformers' own order for its sampling processors, and the native engine's."""
+    """Raw logprobs first, then penalties, logit bias, min_tokens' mask, then (sampled)
+    temperature, top-k, top-p, min-p, the draw: the native engine's order (transformers' own
+    for its sampling processors)."""
     s = job.sampling
     processors: list[LogitsProcessor] = [recorder] if recorder is not None else []
     if s.repetition_penalty != 1.0:
@@ -80,6 +83,11 @@ def _processors(
         processors.append(FrequencyPresencePenalty(
             len(job.prompt_ids), s.frequency_penalty, s.presence_penalty
         ))
+    if s.logit_bias:
+        processors.append(LogitBias(s.logit_bias, device))
+    if s.min_tokens > 0 and job.tracker.stop_ids:
+        processors.append(MinNewTokensLengthLogitsProcessor(
+            len(job.prompt_ids), s.min_tokens, sorted(job.tracker.stop_ids), device=device))
     if s.temperature > 0:
         if s.temperature != 1.0:
             processors.append(TemperatureLogitsWarper(s.temperature))
@@ -87,6 +95,8 @@ def _processors(
             processors.append(TopKLogitsWarper(s.top_k))
         if 0 < s.top_p < 1.0:
             processors.append(TopPLogitsWarper(s.top_p))
+        if s.min_p > 0:
+            processors.append(MinPLogitsWarper(s.min_p))
         assert job.tracker.seed is not None  # the backend draws one for every sampled request
         generator = torch.Generator(device=device).manual_seed(job.tracker.seed)
         processors.append(SeededSampler(generator))

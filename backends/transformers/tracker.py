@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from backends.base import GenerationEvent, RequestTimings, SamplingParams, TokenInfo, Usage
 from backends.native.detokenizer import IncrementalDetokenizer
+from backends.native.logprobs import TokenTexts
 from backends.native.stop_checker import StopChecker
 from backends.native.tokenizer import Tokenizer
 
@@ -20,15 +21,18 @@ class RequestTracker:
     def __init__(
         self, tokenizer: Tokenizer, prompt_ids: list[int], sampling: SamplingParams,
         max_tokens: int, seed: int | None, publish: Callable[[GenerationEvent], None],
+        index: int = 0, texts: TokenTexts | None = None,
     ) -> None:
         self._tokenizer = tokenizer
+        self._texts = texts or TokenTexts(tokenizer)
+        self.index = index  # which of the request's choices this is (0 .. n-1)
         self._sampling = sampling
         self._num_prompt = len(prompt_ids)
         self.max_tokens = max_tokens
         self.seed = seed
         self._publish = publish
         eos = frozenset() if sampling.ignore_eos else tokenizer.eos_token_ids
-        self._stop_ids = eos | frozenset(sampling.stop_token_ids)
+        self.stop_ids = eos | frozenset(sampling.stop_token_ids)
         self._detokenizer = IncrementalDetokenizer(tokenizer, prompt_ids)
         self._stops = StopChecker(sampling.stop)
         self.num_generated = 0
@@ -40,20 +44,24 @@ class RequestTracker:
         """The worker begins this request's `generate` (the end of its queueing)."""
         self._started = time.monotonic()
 
-    def add(self, token: int, logprob: float | None) -> bool:
-        """One generated token; publishes its event; True once the request is finished."""
+    def add(
+        self, token: int, logprob: float | None, top: list[tuple[int, float]] | None = None,
+    ) -> bool:
+        """One generated token (with its raw logprob and the most likely alternatives);
+        publishes its event; True once the request is finished."""
         self.num_generated += 1
         piece = self._detokenizer.add(token)
         text, stopped = self._stops.feed(piece)
+        asked = self._sampling.logprobs
         info = TokenInfo(
-            token, piece, logprob if self._sampling.logprobs else None,
-            self._tokenizer.is_special(token),
+            token, piece, logprob if asked else None, self._tokenizer.is_special(token),
+            self._texts.top(top) if asked and top else (),
         )
         reason: str | None = None
         stop_reason: str | None = None
         if stopped:
             reason, stop_reason = "stop", "stop_sequence"
-        elif token in self._stop_ids:
+        elif token in self.stop_ids:
             reason, stop_reason = "stop", "eos_token"
         elif self.num_generated >= self.max_tokens:
             reason = "length"
@@ -81,6 +89,7 @@ class RequestTracker:
             stop_reason=stop_reason,
             timings=self._timings() if final else None,
             seed=self.seed if final else None,
+            index=self.index,
         ))
 
     def _timings(self) -> RequestTimings:

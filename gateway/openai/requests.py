@@ -1,38 +1,30 @@
 """Request bodies of /v1/chat/completions and /v1/completions, with OpenAI's names and defaults.
 
-Strict types (no "1" for 1). Fields that would change what is generated but that
-we do not implement (tools, logit_bias, n > 1, ...) are refused with a 400 instead
-of being silently ignored; harmless ones (user, metadata, ...) are accepted.
-Unknown fields are ignored, as vLLM does.
+Strict types (no "1" for 1), bad values are 400s naming the field. Fields that would
+change what is generated but that we do not implement (echo, suffix, ...) are refused
+with a 400 instead of being silently ignored; harmless ones (user, metadata, ...) are
+accepted. Unknown fields are ignored, as vLLM does. Checks that involve two fields
+are in `check()`, which the route calls after parsing.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-from pydantic_core import PydanticCustomError
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+from backends.base import StructuredOutput
+from gateway.errors import bad_request
+from gateway.openai import formats
+from gateway.openai.messages import ChatMessage, checked_text, invalid, unsupported
 
 MAX_STOPS = 4
+MAX_CHOICES = 16
+MAX_TOP_LOGPROBS = 20
 _SEED_MIN, _SEED_MAX = -(2**63), 2**63 - 1
-CHAT_ROLES = ("system", "user", "assistant", "developer")
-
-
-def unsupported(message: str) -> PydanticCustomError:
-    return PydanticCustomError("unsupported", message)
-
-
-def invalid(message: str) -> PydanticCustomError:
-    return PydanticCustomError("invalid_value", message)
-
-
-def checked_text(value: str) -> str:
-    """Refuse strings that cannot be encoded (lone surrogates from JSON escapes)."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise invalid("string contains invalid unicode (a lone surrogate)") from None
-    return value
+_TOKEN_ID_MAX = 2**31
+TOOL_CHOICES = ("none", "auto", "required")
 
 
 class StreamOptions(BaseModel):
@@ -51,6 +43,7 @@ class SamplingFields(BaseModel):
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=-1)  # extension; -1 or 0: off
+    min_p: float | None = Field(None, ge=0, le=1)  # extension
     n: int | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
@@ -61,8 +54,16 @@ class SamplingFields(BaseModel):
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     repetition_penalty: float | None = Field(None, gt=0, le=10)  # extension
     ignore_eos: bool = False  # vLLM extension
-    logit_bias: dict[str, Any] | None = None
+    min_tokens: int | None = Field(None, ge=0)  # vLLM extension
+    logit_bias: Any = Field(None, validate_default=True)  # -> ((token id, bias), ...)
     user: str | None = None
+    # Output constraints, each validated into a StructuredOutput (or None).
+    response_format: Any = None
+    structured_outputs: Any = None  # vLLM extension, as are the guided_* below
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_grammar: Any = None
+    guided_choice: Any = None
 
     @field_validator("model", "user")
     @classmethod
@@ -71,11 +72,9 @@ class SamplingFields(BaseModel):
 
     @field_validator("n")
     @classmethod
-    def _single_choice(cls, value: int | None) -> int | None:
-        if value is not None and value > 1:
-            raise unsupported("n > 1 is not supported yet")
-        if value is not None and value < 1:
-            raise invalid("n must be 1")
+    def _choices(cls, value: int | None) -> int | None:
+        if value is not None and not 1 <= value <= MAX_CHOICES:
+            raise invalid(f"n must be between 1 and {MAX_CHOICES}")
         return value
 
     @field_validator("stop", mode="before")
@@ -93,126 +92,111 @@ class SamplingFields(BaseModel):
     @field_validator("stop_token_ids")
     @classmethod
     def _token_ids(cls, value: list[int] | None) -> list[int] | None:
-        if value is not None and any(t < 0 for t in value):
-            raise invalid("token ids must be >= 0")
+        if value is not None and any(not 0 <= t < _TOKEN_ID_MAX for t in value):
+            raise invalid("token ids must be >= 0 and < 2**31")
         return value
 
-    @field_validator("logit_bias")
+    @field_validator("logit_bias", mode="before")
     @classmethod
-    def _no_logit_bias(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        if value:
-            raise unsupported("logit_bias is not supported yet")
-        return value
+    def _logit_bias(cls, value: Any) -> tuple[tuple[int, float], ...]:
+        if value is None:
+            return ()
+        if not isinstance(value, dict):
+            raise invalid("logit_bias must be an object mapping token ids to biases")
+        return tuple(_bias(key, bias) for key, bias in value.items())
+
+    @field_validator("response_format", mode="before")
+    @classmethod
+    def _response_format(cls, value: Any) -> StructuredOutput | None:
+        return formats.response_format(value)
+
+    @field_validator("structured_outputs", mode="before")
+    @classmethod
+    def _structured_outputs(cls, value: Any) -> StructuredOutput | None:
+        return formats.structured_outputs(value)
+
+    @field_validator("guided_json", "guided_regex", "guided_grammar", "guided_choice",
+                     mode="before")
+    @classmethod
+    def _guided(cls, value: Any, info: ValidationInfo) -> StructuredOutput | None:
+        return formats.guided(info.field_name.removeprefix("guided_"), value)
 
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    def choices(self) -> int:
+        return self.n or 1
 
-def _text_part(part: Any, index: int) -> str:
-    if not isinstance(part, dict):
-        raise invalid(f"content[{index}] must be an object like {{'type': 'text', 'text': ...}}")
-    kind = part.get("type")
-    if kind != "text":
-        raise unsupported(
-            f"content[{index}] has type {kind!r}; only 'text' content parts are supported"
-        )
-    text = part.get("text")
-    if not isinstance(text, str):
-        raise invalid(f"content[{index}].text must be a string")
-    return checked_text(text)
+    def token_limit(self) -> int | None:
+        return self.max_tokens
+
+    def structured(self) -> StructuredOutput | None:
+        """The one output constraint asked for, if any (`check` refuses several)."""
+        return next((c for _, c in self._constraints()), None)
+
+    def _constraints(self) -> list[tuple[str, StructuredOutput]]:
+        fields = ("response_format", "structured_outputs", "guided_json", "guided_regex",
+                  "guided_grammar", "guided_choice")
+        return [(f, getattr(self, f)) for f in fields if getattr(self, f) is not None]
+
+    def check(self) -> None:
+        """Checks across fields: a 400 naming the field at fault."""
+        limit = self.token_limit()
+        if self.min_tokens and limit is not None and self.min_tokens > limit:
+            raise bad_request(f"min_tokens ({self.min_tokens}) must not exceed the token "
+                              f"limit ({limit})", "min_tokens", "invalid_value")
+        constraints = self._constraints()
+        if len(constraints) > 1:
+            names = " and ".join(f for f, _ in constraints)
+            raise bad_request(f"{names} both constrain the output; give only one",
+                              constraints[1][0], "invalid_value")
 
 
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+def _bias(key: Any, bias: Any) -> tuple[int, float]:
+    if not (isinstance(key, str) and key.isdecimal() and int(key) < _TOKEN_ID_MAX):
+        raise invalid(f"logit_bias key {key!r} is not a token id (a string of digits, as "
+                      "in {'50256': -100})")
+    if isinstance(bias, bool) or not isinstance(bias, int | float) or not (
+            math.isfinite(bias) and -100 <= bias <= 100):
+        raise invalid(f"logit_bias[{key!r}] must be a number from -100 to 100")
+    return int(key), float(bias)
 
-    role: str
-    content: Any
-    name: str | None = None
-    tool_calls: list[Any] | None = None
 
-    @field_validator("name")
-    @classmethod
-    def _name(cls, value: str | None) -> str | None:
-        return None if value is None else checked_text(value)
-
-    @field_validator("role")
-    @classmethod
-    def _role(cls, value: str) -> str:
-        if value in ("tool", "function"):
-            raise unsupported(f"role {value!r} is not supported yet (tools are not supported)")
-        if value not in CHAT_ROLES:
-            raise invalid(f"unknown role {value!r}; expected one of {', '.join(CHAT_ROLES)}")
+def _tool_choice(value: Any) -> str | dict[str, Any] | None:
+    if value is None or value in TOOL_CHOICES:
         return value
-
-    @field_validator("content", mode="before")
-    @classmethod
-    def _content(cls, value: Any) -> str:
-        """A string, or OpenAI's list of text parts (joined with newlines, as vLLM does)."""
-        if isinstance(value, str):
-            return checked_text(value)
-        if isinstance(value, list) and value:
-            return "\n".join(_text_part(part, i) for i, part in enumerate(value))
-        if value is None:
-            raise invalid("content is required")
-        raise invalid("content must be a string or a non-empty list of text parts")
-
-    @field_validator("tool_calls")
-    @classmethod
-    def _no_tool_calls(cls, value: list[Any] | None) -> list[Any] | None:
-        if value:
-            raise unsupported("tool_calls are not supported yet")
-        return value
-
-    def as_dict(self) -> dict[str, Any]:
-        # OpenAI's "developer" is the newer "system"; chat templates only know the latter.
-        role = "system" if self.role == "developer" else self.role
-        message: dict[str, Any] = {"role": role, "content": self.content}
-        if self.name is not None:
-            message["name"] = self.name
-        return message
+    if isinstance(value, dict) and value.get("type") == "function":
+        function = value.get("function")
+        if isinstance(function, dict) and isinstance(function.get("name"), str):
+            return {"type": "function", "function": {"name": checked_text(function["name"])}}
+    raise invalid("tool_choice must be 'none', 'auto', 'required' or "
+                  "{'type': 'function', 'function': {'name': ...}}")
 
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = False
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     add_generation_prompt: bool = True  # vLLM extension
-    tools: list[Any] | None = None
+    tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
     functions: list[Any] | None = None
     function_call: Any = None
-    response_format: dict[str, Any] | None = None
     modalities: list[str] | None = None
 
-    @field_validator("top_logprobs")
+    @field_validator("tool_choice", mode="before")
     @classmethod
-    def _top_logprobs(cls, value: int | None) -> int | None:
+    def _tool_choice(cls, value: Any) -> str | dict[str, Any] | None:
+        return _tool_choice(value)
+
+    @field_validator("functions", "function_call")
+    @classmethod
+    def _no_functions(cls, value: Any) -> Any:
         if value:
-            raise unsupported("top_logprobs > 0 is not supported yet")
-        return value
-
-    @field_validator("tools", "functions")
-    @classmethod
-    def _no_tools(cls, value: list[Any] | None) -> list[Any] | None:
-        if value:
-            raise unsupported("tools and functions are not supported yet")
-        return value
-
-    @field_validator("tool_choice", "function_call")
-    @classmethod
-    def _no_tool_choice(cls, value: Any) -> Any:
-        if value not in (None, "none", "auto"):
-            raise unsupported("tool_choice is not supported yet (tools are not supported)")
-        return value
-
-    @field_validator("response_format")
-    @classmethod
-    def _text_format(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        if value is not None and value.get("type") != "text":
-            raise unsupported(
-                f"response_format type {value.get('type')!r} is not supported yet; only 'text'"
-            )
+            raise unsupported("functions and function_call (deprecated by OpenAI) are not "
+                              "supported; use tools and tool_choice")
         return value
 
     @field_validator("modalities")
@@ -225,13 +209,32 @@ class ChatCompletionRequest(SamplingFields):
     def token_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens else self.max_tokens
 
+    def top_logprobs_count(self) -> int:
+        return self.top_logprobs or 0
+
+    def forces_tools(self) -> bool:
+        return self.tool_choice == "required" or isinstance(self.tool_choice, dict)
+
+    def check(self) -> None:
+        super().check()
+        if self.top_logprobs and not self.logprobs:
+            raise bad_request("top_logprobs needs logprobs set to true", "top_logprobs",
+                              "invalid_value")
+        if self.tool_choice not in (None, "none", "auto") and not self.tools:
+            raise bad_request("tool_choice other than 'none' or 'auto' needs tools",
+                              "tool_choice", "invalid_value")
+        if self.forces_tools() and self.structured() is not None:
+            raise bad_request("a forced tool call (tool_choice 'required' or a named "
+                              "function) cannot be combined with response_format",
+                              "response_format", "invalid_value")
+
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[int]
-    logprobs: int | None = Field(None, ge=0, le=5)
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     echo: bool | None = False
     suffix: str | None = None
-    best_of: int | None = None
+    best_of: int | None = Field(None, ge=1, le=MAX_CHOICES)
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -249,13 +252,6 @@ class CompletionRequest(SamplingFields):
             return value
         raise invalid("prompt must be a non-empty string or a non-empty list of token ids")
 
-    @field_validator("logprobs")
-    @classmethod
-    def _chosen_logprob_only(cls, value: int | None) -> int | None:
-        if value:
-            raise unsupported("logprobs > 0 (top alternatives) is not supported yet; use 0")
-        return value
-
     @field_validator("echo")
     @classmethod
     def _no_echo(cls, value: bool | None) -> bool | None:
@@ -270,16 +266,19 @@ class CompletionRequest(SamplingFields):
             raise unsupported("suffix is not supported")
         return value
 
-    @field_validator("best_of")
-    @classmethod
-    def _one_best(cls, value: int | None) -> int | None:
-        if value is not None and value != 1:
-            raise unsupported("best_of other than 1 is not supported yet")
-        return value
+    def candidates(self) -> int:
+        """Choices generated: `best_of` (the best `n` of them are returned), else `n`."""
+        return self.best_of or self.choices()
 
-    def token_limit(self) -> int | None:
-        return self.max_tokens
+    def check(self) -> None:
+        super().check()
+        if self.best_of is not None and self.best_of < self.choices():
+            raise bad_request(f"best_of ({self.best_of}) must be at least n "
+                              f"({self.choices()})", "best_of", "invalid_value")
+        if self.stream and self.candidates() > self.choices():
+            raise bad_request("best_of greater than n cannot be streamed", "best_of",
+                              "invalid_value")
 
 
 def _is_token_id(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**31
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < _TOKEN_ID_MAX

@@ -1,19 +1,26 @@
 """Response bodies and stream chunks in OpenAI's exact shapes.
 
 A formatter per endpoint turns backend output into `chat.completion[.chunk]` or
-`text_completion` objects; the streaming and non-streaming paths share them.
+`text_completion` objects; the streaming and non-streaming paths share them. With
+`n > 1` every chunk carries one choice, named by its `index`; each choice gets its own
+finish chunk. A chat formatter with a tool plan runs a tool-call parser per choice:
+calls become `message.tool_calls` (or `delta.tool_calls` fragments) and the finish
+reason `tool_calls`.
 """
 
 from __future__ import annotations
 
-import math
 import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from backends.base import TokenInfo, Usage
+from gateway.openai.logprobs import CompletionLogprobs, chat_logprobs
+
+if TYPE_CHECKING:
+    from gateway.openai.tools import ToolCallParser, ToolPlan
 
 JSON = dict[str, Any]
 
@@ -23,6 +30,15 @@ def usage_dict(usage: Usage) -> JSON:
         "prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.total_tokens,
     }
+
+
+class ChoiceOutput(Protocol):
+    """One finished choice (gateway.generation.Collected)."""
+
+    index: int
+    text: list[str]
+    tokens: list[TokenInfo]
+    finish_reason: str | None
 
 
 @dataclass
@@ -43,127 +59,169 @@ class Formatter(Protocol):
 
     def opening_chunks(self) -> list[JSON]: ...
 
-    def delta_chunk(self, text: str, tokens: Sequence[TokenInfo]) -> JSON: ...
+    def delta_chunks(self, index: int, text: str, tokens: Sequence[TokenInfo]) -> list[JSON]:
+        """What one event of choice `index` adds (nothing, when a parser holds it back)."""
+        ...
 
-    def finish_chunk(self, finish_reason: str) -> JSON: ...
+    def finish_chunks(self, index: int, finish_reason: str) -> list[JSON]: ...
 
     def usage_chunk(self, usage: Usage) -> JSON: ...
 
-    def body(
-        self, text: str, tokens: Sequence[TokenInfo], finish_reason: str, usage: Usage,
-    ) -> JSON: ...
+    def body(self, choices: Sequence[ChoiceOutput], usage: Usage) -> JSON: ...
+
+
+@dataclass(frozen=True)
+class ResponseOptions:
+    """What the client asked to see: logprobs (with `top` alternatives), choice count."""
+
+    n: int = 1
+    logprobs: bool = False
+    top: int = 0
+    include_usage: bool = False
 
 
 class ChatFormatter:
-    def __init__(self, meta: ResponseMeta, *, logprobs: bool, include_usage: bool) -> None:
+    def __init__(self, meta: ResponseMeta, options: ResponseOptions, tools: ToolPlan | None = None,
+                 ) -> None:
         self.meta = meta
-        self.logprobs = logprobs
-        self.include_usage = include_usage
+        self.options = options
+        self.include_usage = options.include_usage
+        self.tools = tools
+        self._parsers: dict[int, ToolCallParser | None] = {}
 
-    def _chunk(self, delta: JSON, finish_reason: str | None, logprobs: JSON | None) -> JSON:
+    def _parser(self, index: int) -> ToolCallParser | None:
+        if index not in self._parsers:
+            self._parsers[index] = self.tools.parser() if self.tools is not None else None
+        return self._parsers[index]
+
+    def _chunk(self, index: int, delta: JSON, finish_reason: str | None,
+               logprobs: JSON | None) -> JSON:
         chunk = self.meta.head("chat.completion.chunk")
-        chunk["choices"] = [
-            {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
-        ]
+        chunk["choices"] = [{"index": index, "delta": delta, "logprobs": logprobs,
+                             "finish_reason": finish_reason}]
         if self.include_usage:
             chunk["usage"] = None
         return chunk
 
     def _logprobs(self, tokens: Sequence[TokenInfo]) -> JSON | None:
-        if not self.logprobs:
-            return None
-        content = [
-            {"token": t.text, "logprob": _logprob(t), "bytes": list(t.text.encode("utf-8")),
-             "top_logprobs": []}
-            for t in tokens
-        ]
-        return {"content": content, "refusal": None}
+        return chat_logprobs(tokens, self.options.top) if self.options.logprobs else None
 
     def opening_chunks(self) -> list[JSON]:
-        return [self._chunk({"role": "assistant", "content": ""}, None, None)]
+        return [self._chunk(i, {"role": "assistant", "content": ""}, None, None)
+                for i in range(self.options.n)]
 
-    def delta_chunk(self, text: str, tokens: Sequence[TokenInfo]) -> JSON:
-        return self._chunk({"content": text}, None, self._logprobs(tokens))
+    def delta_chunks(self, index: int, text: str, tokens: Sequence[TokenInfo]) -> list[JSON]:
+        parser = self._parser(index)
+        content, calls = text, []
+        if parser is not None:
+            parsed = parser.feed(text)
+            content, calls = parsed.content, parsed.tool_calls
+        logprobs = self._logprobs(tokens) if tokens else None
+        if not content and not calls and logprobs is None:
+            return []
+        return [self._chunk(index, _delta(content, calls), None, logprobs)]
 
-    def finish_chunk(self, finish_reason: str) -> JSON:
-        return self._chunk({}, finish_reason, None)
+    def finish_chunks(self, index: int, finish_reason: str) -> list[JSON]:
+        chunks = []
+        parser = self._parser(index)
+        if parser is not None:
+            rest = parser.finish()
+            if rest.content or rest.tool_calls:
+                chunks.append(self._chunk(index, _delta(rest.content, rest.tool_calls),
+                                          None, None))
+            finish_reason = _with_calls(finish_reason, parser.calls)
+        chunks.append(self._chunk(index, {}, finish_reason, None))
+        return chunks
 
     def usage_chunk(self, usage: Usage) -> JSON:
         chunk = self.meta.head("chat.completion.chunk")
         chunk.update(choices=[], usage=usage_dict(usage))
         return chunk
 
-    def body(
-        self, text: str, tokens: Sequence[TokenInfo], finish_reason: str, usage: Usage,
-    ) -> JSON:
+    def _choice(self, choice: ChoiceOutput) -> JSON:
+        text, reason = "".join(choice.text), choice.finish_reason or "stop"
+        message: JSON = {"role": "assistant", "content": text}
+        parser = self.tools.parser() if self.tools is not None else None
+        if parser is not None:
+            content = parser.feed(text).content + parser.finish().content
+            if parser.calls:
+                message = {"role": "assistant", "content": content if content.strip() else None,
+                           "tool_calls": parser.calls}
+                reason = _with_calls(reason, parser.calls)
+            else:
+                message["content"] = content
+        return {"index": choice.index, "message": message,
+                "logprobs": self._logprobs(choice.tokens), "finish_reason": reason}
+
+    def body(self, choices: Sequence[ChoiceOutput], usage: Usage) -> JSON:
         body = self.meta.head("chat.completion")
-        message = {"role": "assistant", "content": text}
-        body["choices"] = [{
-            "index": 0, "message": message, "logprobs": self._logprobs(tokens),
-            "finish_reason": finish_reason,
-        }]
+        body["choices"] = [self._choice(c) for c in choices]
         body["usage"] = usage_dict(usage)
         return body
 
 
-class CompletionFormatter:
-    def __init__(self, meta: ResponseMeta, *, logprobs: bool, include_usage: bool) -> None:
-        self.meta = meta
-        self.logprobs = logprobs
-        self.include_usage = include_usage
-        self._offset = 0  # text_offset of the next token across chunks
+def _delta(content: str, calls: list[JSON]) -> JSON:
+    delta: JSON = {}
+    if content or not calls:
+        delta["content"] = content
+    if calls:
+        delta["tool_calls"] = calls
+    return delta
 
-    def _chunk(self, text: str, finish_reason: str | None, logprobs: JSON | None) -> JSON:
+
+def _with_calls(finish_reason: str, calls: list[JSON]) -> str:
+    # A call cut short by max_tokens is no call: "length" stays.
+    return "tool_calls" if calls and finish_reason == "stop" else finish_reason
+
+
+class CompletionFormatter:
+    def __init__(self, meta: ResponseMeta, options: ResponseOptions) -> None:
+        self.meta = meta
+        self.options = options
+        self.include_usage = options.include_usage
+        self._logprobs: dict[int, CompletionLogprobs] = {}  # per choice: offsets run on
+
+    def _logprobs_of(self, index: int, tokens: Sequence[TokenInfo]) -> JSON | None:
+        if not self.options.logprobs:
+            return None
+        state = self._logprobs.setdefault(index, CompletionLogprobs(self.options.top))
+        return state.of(tokens)
+
+    def _chunk(self, index: int, text: str, finish_reason: str | None,
+               logprobs: JSON | None) -> JSON:
         chunk = self.meta.head("text_completion")
-        chunk["choices"] = [
-            {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
-        ]
+        chunk["choices"] = [{"index": index, "text": text, "logprobs": logprobs,
+                             "finish_reason": finish_reason}]
         if self.include_usage:
             chunk["usage"] = None
         return chunk
-
-    def _logprobs(self, tokens: Sequence[TokenInfo]) -> JSON | None:
-        if not self.logprobs:
-            return None
-        offsets = []
-        for t in tokens:
-            offsets.append(self._offset)
-            self._offset += len(t.text)
-        return {
-            "tokens": [t.text for t in tokens], "token_logprobs": [_logprob(t) for t in tokens],
-            "top_logprobs": None, "text_offset": offsets,
-        }
 
     def opening_chunks(self) -> list[JSON]:
         return []
 
-    def delta_chunk(self, text: str, tokens: Sequence[TokenInfo]) -> JSON:
-        return self._chunk(text, None, self._logprobs(tokens))
+    def delta_chunks(self, index: int, text: str, tokens: Sequence[TokenInfo]) -> list[JSON]:
+        if not text and not (self.options.logprobs and tokens):
+            return []
+        return [self._chunk(index, text, None, self._logprobs_of(index, tokens))]
 
-    def finish_chunk(self, finish_reason: str) -> JSON:
-        return self._chunk("", finish_reason, None)
+    def finish_chunks(self, index: int, finish_reason: str) -> list[JSON]:
+        return [self._chunk(index, "", finish_reason, None)]
 
     def usage_chunk(self, usage: Usage) -> JSON:
         chunk = self.meta.head("text_completion")
         chunk.update(choices=[], usage=usage_dict(usage))
         return chunk
 
-    def body(
-        self, text: str, tokens: Sequence[TokenInfo], finish_reason: str, usage: Usage,
-    ) -> JSON:
+    def body(self, choices: Sequence[ChoiceOutput], usage: Usage) -> JSON:
         body = self.meta.head("text_completion")
         body["choices"] = [{
-            "index": 0, "text": text, "logprobs": self._logprobs(tokens),
-            "finish_reason": finish_reason,
-        }]
+            "index": c.index, "text": "".join(c.text),
+            "logprobs": CompletionLogprobs(self.options.top).of(c.tokens)
+            if self.options.logprobs else None,
+            "finish_reason": c.finish_reason or "stop",
+        } for c in choices]
         body["usage"] = usage_dict(usage)
         return body
-
-
-def _logprob(token: TokenInfo) -> float:
-    # -9999.0 is OpenAI's own stand-in for "too unlikely to represent".
-    lp = token.logprob
-    return lp if lp is not None and math.isfinite(lp) else -9999.0
 
 
 def chat_meta(model: str) -> ResponseMeta:

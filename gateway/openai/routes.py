@@ -5,37 +5,51 @@ body's `model` (the header is what Envoy routes on, so both hops agree); else th
 body's `model`; else, when exactly one model is served, that one. A name may be a
 model or one of its aliases; the model's router (routing/router.py) then picks the
 deployment and falls back to another one when a deployment fails before its first token.
+
+Chat requests with tools get a tool plan (gateway/openai/tools) from the model's chat
+template; completions with `best_of > n` generate `best_of` candidates and answer the `n`
+likeliest.
 """
 
 from __future__ import annotations
 
+import asyncio
+import math
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel
 
 from backends.base import GenerationRequest
 from gateway.body import parse_body, read_json
 from gateway.errors import bad_request
-from gateway.generation import collect, stream, unless_disconnected
+from gateway.generation import Collected, gather_choices, stream, unless_disconnected
 from gateway.guard import GUARD, open_guarded
 from gateway.middleware import set_model_label
-from gateway.openai.requests import ChatCompletionRequest, CompletionRequest
+from gateway.openai.requests import ChatCompletionRequest, CompletionRequest, SamplingFields
 from gateway.openai.responses import (
     ChatFormatter,
     CompletionFormatter,
     Formatter,
+    ResponseOptions,
     chat_meta,
     completion_meta,
 )
-from gateway.openai.sampling import chat_request, completion_request, new_request_id
+from gateway.openai.sampling import (
+    chat_request,
+    completion_request,
+    new_request_id,
+    tool_plan,
+    uses_tools,
+)
 from gateway.sse import SSEResponse
 from gateway.state import GatewayState, gateway_state
 from routing.registry import ModelEntry
 
 router = APIRouter(dependencies=[GUARD])  # the key is checked before the body is read
-Body = TypeVar("Body", bound=BaseModel)
+Body = TypeVar("Body", bound=SamplingFields)
+Select = Callable[[list[Collected]], Sequence[Collected]]
 
 
 def resolve_model(state: GatewayState, request: Request, body_model: str | None) -> ModelEntry:
@@ -53,47 +67,78 @@ def resolve_model(state: GatewayState, request: Request, body_model: str | None)
 async def _prepare(request: Request, schema: type[Body]) -> tuple[GatewayState, Body, ModelEntry]:
     state = gateway_state(request)
     body = parse_body(await read_json(request), schema)
-    entry = resolve_model(state, request, getattr(body, "model", None))
+    body.check()
+    entry = resolve_model(state, request, body.model)
     set_model_label(request.scope, entry.name)
     return state, body, entry
 
 
 async def _respond(
     request: Request, state: GatewayState, entry: ModelEntry, gen_request: GenerationRequest,
-    formatter: Formatter, *, streamed: bool,
+    formatter: Formatter, *, streamed: bool, select: Select | None = None,
 ) -> Response:
     backend = entry.router  # balances and falls back over the model's deployments
     trace = state.metrics.trace(entry.name)
-    logprobs = gen_request.sampling.logprobs
     if streamed:
         # The first event is pulled before the response starts: early errors stay 4xx.
         opening = open_guarded(request, entry.name, backend, gen_request, trace)
         gen = await unless_disconnected(request.receive, opening)
-        return SSEResponse(stream(gen, formatter, logprobs=logprobs))
+        return SSEResponse(stream(gen, formatter))
 
     async def whole() -> dict[str, Any]:
         gen = await open_guarded(request, entry.name, backend, gen_request, trace)
-        return await collect(gen, formatter)
+        got, usage = await gather_choices(gen)
+        choices = got.items if select is None else select(got.items)
+        return formatter.body(choices, usage)
 
     return JSONResponse(await unless_disconnected(request.receive, whole()))
+
+
+async def _chat_template(entry: ModelEntry) -> str | None:
+    """The model's chat template, for tool planning; None while it cannot say (loading)."""
+    try:
+        info = await asyncio.to_thread(entry.router.info)
+    except Exception:
+        return None
+    return info.chat_template
 
 
 @router.post("/v1/chat/completions", response_model=None)
 async def chat_completions(request: Request) -> Response:
     state, body, entry = await _prepare(request, ChatCompletionRequest)
-    formatter = ChatFormatter(
-        chat_meta(entry.name), logprobs=bool(body.logprobs), include_usage=body.include_usage(),
-    )
-    gen_request = chat_request(body, new_request_id())
+    plan = None
+    if uses_tools(body):
+        plan = tool_plan(body, await _chat_template(entry), entry.tool_call_parser)
+    options = ResponseOptions(body.choices(), bool(body.logprobs), body.top_logprobs_count(),
+                              body.include_usage())
+    formatter = ChatFormatter(chat_meta(entry.name), options, plan)
+    gen_request = chat_request(body, new_request_id(), plan)
     return await _respond(request, state, entry, gen_request, formatter, streamed=bool(body.stream))
+
+
+def _mean_logprob(choice: Collected) -> float:
+    logprobs = [t.logprob for t in choice.tokens if t.logprob is not None]
+    return sum(logprobs) / len(logprobs) if logprobs else -math.inf
+
+
+def best_of(n: int) -> Select:
+    """The `n` candidates with the highest mean token logprob (OpenAI's "highest log
+    probability per token"), best first, renumbered 0..n-1."""
+    def select(choices: list[Collected]) -> list[Collected]:
+        ranked = sorted(choices, key=_mean_logprob, reverse=True)[:n]
+        for index, choice in enumerate(ranked):
+            choice.index = index
+        return ranked
+    return select
 
 
 @router.post("/v1/completions", response_model=None)
 async def completions(request: Request) -> Response:
     state, body, entry = await _prepare(request, CompletionRequest)
-    formatter = CompletionFormatter(
-        completion_meta(entry.name), logprobs=body.logprobs is not None,
-        include_usage=body.include_usage(),
-    )
+    options = ResponseOptions(body.choices(), body.logprobs is not None, body.logprobs or 0,
+                              body.include_usage())
+    formatter = CompletionFormatter(completion_meta(entry.name), options)
     gen_request = completion_request(body, new_request_id())
-    return await _respond(request, state, entry, gen_request, formatter, streamed=bool(body.stream))
+    select = best_of(body.choices()) if body.candidates() > body.choices() else None
+    return await _respond(request, state, entry, gen_request, formatter,
+                          streamed=bool(body.stream), select=select)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from backends.base import ModelInfo
-from gateway.tgi.requests import MAX_BEST_OF, MAX_STOP_SEQUENCES
+from gateway.tgi.requests import MAX_BEST_OF, MAX_STOP_SEQUENCES, MAX_TOP_N_TOKENS
 
 # TGI's field -> the ModelInfo.extra key that holds it (None where the backend has none).
 _ENGINE_FIELDS = (
@@ -33,6 +33,7 @@ def info_body(info: ModelInfo, *, version: str) -> dict[str, Any]:
         "model_pipeline_tag": "text-generation",
         "max_best_of": MAX_BEST_OF,
         "max_stop_sequences": MAX_STOP_SEQUENCES,
+        "max_top_n_tokens": MAX_TOP_N_TOKENS,  # TGI's launcher flag, reported for clients
         "max_input_tokens": info.max_input_tokens,
         "max_input_length": info.max_input_tokens,  # TGI < 2.0's name
         "max_total_tokens": info.max_total_tokens,

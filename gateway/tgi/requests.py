@@ -4,8 +4,10 @@ that turns it into a `GenerationRequest`.
 Faithful to TGI's router: a missing `parameters` object means `do_sample: true`; a request
 samples when `do_sample` is set or a sampling parameter implies it (temperature != 1,
 top_k, top_p), else it is greedy whatever else it carries; `max_new_tokens` defaults to
-100; `stop` allows 4 strings. What the engine cannot do (typical_p, watermark, grammar,
-best_of > 1, top_n_tokens, decoder_input_details, adapters) is refused, never ignored.
+100; `stop` allows 4 strings; `top_n_tokens` up to 5; `best_of` (sampled `n` choices, the
+one with the highest logprob sum answers) up to 4, never streamed, never with a `seed`;
+`decoder_input_details` (the prompt's logprobs) never streamed. What the engine cannot do
+(typical_p, watermark, adapters) is refused, never ignored.
 """
 
 from __future__ import annotations
@@ -15,11 +17,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from backends.base import ModelInfo, SamplingParams
+from backends.base import ModelInfo, SamplingParams, StructuredOutput
+from gateway.tgi.grammar import GrammarShapeError, parse_grammar
 
 MAX_STOP_SEQUENCES = 4
-MAX_BEST_OF = 1
-MAX_TOP_N_TOKENS = 0
+MAX_BEST_OF = 4
+MAX_TOP_N_TOKENS = 5
 DEFAULT_MAX_NEW_TOKENS = 100
 _U32 = 2**32 - 1
 _U64 = 2**64 - 1
@@ -55,7 +58,7 @@ class TGIParameters(BaseModel):
     best_of: int | None = Field(None, ge=0)
     watermark: bool = False
     top_n_tokens: int | None = Field(None, ge=0, le=_U32)
-    grammar: dict[str, Any] | None = None
+    grammar: Any = None  # checked by `parse_grammar`, with TGI's messages
     adapter_id: str | None = None
 
     @field_validator("stop", mode="before")
@@ -97,28 +100,48 @@ class TGIPlan:
     """What a valid request asks for, beyond the prompt."""
 
     sampling: SamplingParams
-    details: bool
+    details: bool  # TGI answers details when `details` or `decoder_input_details` is set
     return_full_text: bool
     truncate: int | None
+    top_n_tokens: int = 0
+    prefill: bool = False  # decoder_input_details
 
 
-def _check_unsupported(p: TGIParameters, stream: bool) -> None:
-    if p.best_of is not None and not 0 < p.best_of <= MAX_BEST_OF:
-        raise TGIValidationError(f"`best_of` must be > 0 and <= {MAX_BEST_OF}. Given: {p.best_of}")
+def _check_stream(p: TGIParameters, stream: bool) -> None:
+    """What TGI's /generate_stream refuses before anything else."""
+    if not stream:
+        return
+    if p.best_of is not None and p.best_of != 1:
+        raise TGIValidationError("`best_of` != 1 is not supported when streaming tokens")
     if p.decoder_input_details:
         raise TGIValidationError(
-            "`decoder_input_details` == true is not supported when streaming tokens" if stream
-            else "`decoder_input_details` == true is not supported by this server "
-                 "(prompt token logprobs are not computed)")
-    if p.top_n_tokens:
-        raise TGIValidationError(
-            f"`top_n_tokens` must be >= 0 and <= {MAX_TOP_N_TOKENS}. Given: {p.top_n_tokens}")
+            "`decoder_input_details` == true is not supported when streaming tokens")
+
+
+def _check_best_of(p: TGIParameters) -> None:
+    if p.best_of is not None and not 0 < p.best_of <= MAX_BEST_OF:
+        raise TGIValidationError(f"`best_of` must be > 0 and <= {MAX_BEST_OF}. Given: {p.best_of}")
+    # TGI's test: any sampling parameter present (even temperature 1.0, which stays greedy).
+    asked = p.do_sample or any(
+        v is not None for v in (p.temperature, p.top_k, p.top_p, p.typical_p))
+    if (p.best_of or 1) > 1 and not asked:
+        raise TGIValidationError("you must use sampling when `best_of` is > 1")
+
+
+def _check_unsupported(p: TGIParameters) -> None:
     if p.watermark:
         raise TGIValidationError("`watermark` is not supported by this server")
-    if p.grammar is not None:
-        raise TGIValidationError("grammar is not supported")
     if p.adapter_id:
         raise TGIValidationError("`adapter_id` is not supported by this server (no adapters)")
+
+
+def _check_choices(p: TGIParameters) -> None:
+    """TGI's checks after the ranges: a seed cannot seed several choices; top_n_tokens."""
+    if p.seed is not None and (p.best_of or 1) > 1:
+        raise TGIValidationError("`seed` must not be set when `best_of` > 1")
+    if p.top_n_tokens is not None and p.top_n_tokens > MAX_TOP_N_TOKENS:
+        raise TGIValidationError(
+            f"`top_n_tokens` must be >= 0 and <= {MAX_TOP_N_TOKENS}. Given: {p.top_n_tokens}")
 
 
 def _check_ranges(p: TGIParameters) -> None:
@@ -151,11 +174,26 @@ def samples(p: TGIParameters) -> bool:
     return p.do_sample or warped
 
 
+def _grammar(p: TGIParameters) -> StructuredOutput | None:
+    if p.grammar is None:
+        return None
+    try:
+        return parse_grammar(p.grammar)
+    except GrammarShapeError as exc:
+        raise TGIValidationError(exc.message) from None
+
+
 def _sampling(p: TGIParameters, logprobs: bool) -> SamplingParams:
+    top_n = p.top_n_tokens or 0
+    best_of = p.best_of or 1
     shared: dict[str, Any] = {
-        "max_tokens": p.max_new_tokens, "stop": tuple(p.stop), "logprobs": logprobs,
+        "max_tokens": p.max_new_tokens, "stop": tuple(p.stop),
+        # best_of ranks its choices by their logprob sum; top_n_tokens are logprobs too.
+        "logprobs": logprobs or top_n > 0 or best_of > 1, "top_logprobs": top_n,
+        "prompt_logprobs": top_n if p.decoder_input_details else None,
         "repetition_penalty": 1.0 if p.repetition_penalty is None else p.repetition_penalty,
         "frequency_penalty": p.frequency_penalty or 0.0,
+        "n": best_of, "structured": _grammar(p),
     }
     if not samples(p):
         return SamplingParams(temperature=0.0, **shared)
@@ -172,15 +210,20 @@ def plan(body: TGIRequest, *, stream: bool, full_text_default: bool = False) -> 
     for text-generation models (all of ours).
     """
     p = body.parameters
-    _check_unsupported(p, stream)
+    _check_stream(p, stream)
+    _check_best_of(p)
     _check_ranges(p)
+    _check_choices(p)
+    _check_unsupported(p)
     if not body.inputs:
         raise TGIValidationError("`inputs` cannot be empty")
+    details = p.details or p.decoder_input_details
     # Stream tokens always carry their logprob in TGI; details list them.
     return TGIPlan(
-        sampling=_sampling(p, logprobs=stream or p.details), details=p.details,
+        sampling=_sampling(p, logprobs=stream or details), details=details,
         return_full_text=full_text_default if p.return_full_text is None else p.return_full_text,
-        truncate=p.truncate,
+        truncate=p.truncate, top_n_tokens=p.top_n_tokens or 0,
+        prefill=p.decoder_input_details,
     )
 
 

@@ -2,8 +2,13 @@
 
 `generated_text` is the concatenation of the generated tokens' text, as TGI decodes it:
 a stop sequence that ended the request is part of it (TGI keeps it; OpenAI's routes cut
-it). Each stream event carries exactly one token; the last one also carries
-`generated_text` and, when asked, `details`. TGI sends no `[DONE]`.
+it). Each stream event carries exactly one token (and its `top_tokens`); the last one also
+carries `generated_text` and, when asked, `details`. TGI sends no `[DONE]`.
+
+`details` (asked by `details` or `decoder_input_details`) lists the tokens, their
+`top_tokens` (with `top_n_tokens`), the prompt's tokens as `prefill` (with
+`decoder_input_details`; the first has no logprob) and, with `best_of`, the choices that
+lost as `best_of_sequences`.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from typing import Any
 from backends.base import TokenInfo, Usage
 from gateway.errors import OpenAIError, tgi_error_body
 from gateway.generation import (
+    Choices,
     Collected,
     Generation,
     as_openai_error,
@@ -25,6 +31,7 @@ from gateway.generation import (
     observe,
     sse,
 )
+from gateway.tgi.best_of import best_choice
 
 JSON = dict[str, Any]
 # A backend whose last event has no token still needs a last event: it gets this one.
@@ -39,12 +46,32 @@ class TGIView:
     details: bool
     return_full_text: bool
     seed: int | None  # the seed the request sent, when it samples
+    top_n_tokens: int = 0
+    prefill: bool = False  # decoder_input_details
+
+
+def _logprob(lp: float | None) -> float | None:
+    return lp if lp is not None and math.isfinite(lp) else None
 
 
 def token_json(token: TokenInfo) -> JSON:
-    lp = token.logprob
-    logprob = lp if lp is not None and math.isfinite(lp) else None
-    return {"id": token.id, "text": token.text, "logprob": logprob, "special": token.special}
+    return {"id": token.id, "text": token.text, "logprob": _logprob(token.logprob),
+            "special": token.special}
+
+
+def top_tokens_json(token: TokenInfo) -> list[JSON]:
+    """The alternatives at `token`'s position, most likely first. Only the chosen token's
+    `special` flag is known here; the contract carries none for the others."""
+    return [
+        {"id": alt.id, "text": alt.text, "logprob": _logprob(alt.logprob),
+         "special": token.special and alt.id == token.id}
+        for alt in token.top_logprobs
+    ]
+
+
+def prefill_json(prompt_tokens: Sequence[TokenInfo] | None) -> list[JSON]:
+    return [{"id": t.id, "text": t.text, "logprob": _logprob(t.logprob)}
+            for t in prompt_tokens or ()]
 
 
 def finish_reason(got: Collected) -> str:
@@ -64,19 +91,46 @@ def _seed(got: Collected, view: TGIView) -> int | None:
     return reported if reported is not None else view.seed
 
 
-def generate_body(got: Collected, usage: Usage, view: TGIView) -> JSON:
-    body: JSON = {"generated_text": generated_text(got, view)}
-    if view.details:
-        body["details"] = {
-            "finish_reason": finish_reason(got), "generated_tokens": usage.completion_tokens,
-            "seed": _seed(got, view), "prefill": [],
-            "tokens": [token_json(t) for t in got.tokens],
-        }
+def _sequence(got: Collected, usage: Usage, view: TGIView, prefill: list[JSON]) -> JSON:
+    """One choice's details (TGI's `BestOfSequence` fields, which `Details` shares)."""
+    body: JSON = {
+        "generated_text": generated_text(got, view), "finish_reason": finish_reason(got),
+        "generated_tokens": usage.completion_tokens, "seed": _seed(got, view),
+        "prefill": prefill, "tokens": [token_json(t) for t in got.tokens],
+    }
+    if view.top_n_tokens:
+        body["top_tokens"] = [top_tokens_json(t) for t in got.tokens]
     return body
 
 
-def generate_headers(usage: Usage, got: Collected, total_s: float) -> dict[str, str]:
-    """TGI's timing headers (milliseconds), where the backend reported its timings."""
+def choice_usage(got: Collected, total: Usage) -> Usage:
+    return Usage(total.prompt_tokens, got.completion_tokens())
+
+
+def generate_body(answer: Choices, total: Usage, view: TGIView) -> JSON:
+    """The answer (the best choice); its details and the other choices' when asked."""
+    choices = answer.items
+    best = best_choice(choices)
+    body: JSON = {"generated_text": generated_text(choices[best], view)}
+    if not view.details:
+        return body
+    prefill = prefill_json(answer.prompt_tokens) if view.prefill else []
+    details = _sequence(choices[best], choice_usage(choices[best], total), view, prefill)
+    del details["generated_text"]
+    if len(choices) > 1:
+        details["best_of_sequences"] = [
+            _sequence(other, choice_usage(other, total), view, prefill)
+            for i, other in enumerate(choices) if i != best
+        ]
+    body["details"] = details
+    return body
+
+
+def generate_headers(answer: Choices, total: Usage, total_s: float) -> dict[str, str]:
+    """TGI's timing headers (milliseconds), where the backend reported its timings; the
+    token counts are the answer's (the best choice's), as TGI's."""
+    got = answer.items[best_choice(answer.items)]
+    usage = choice_usage(got, total)
     headers = {
         "x-prompt-tokens": str(usage.prompt_tokens),
         "x-generated-tokens": str(usage.completion_tokens),
@@ -93,8 +147,8 @@ def generate_headers(usage: Usage, got: Collected, total_s: float) -> dict[str, 
 
 def _event(index: int, token: TokenInfo) -> JSON:
     return {
-        "index": index, "token": token_json(token), "top_tokens": [], "generated_text": None,
-        "details": None,
+        "index": index, "token": token_json(token), "top_tokens": top_tokens_json(token),
+        "generated_text": None, "details": None,
     }
 
 

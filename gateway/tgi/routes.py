@@ -25,9 +25,21 @@ from fastapi.routing import APIRoute
 
 from backends.base import Backend, GenerationRequest, ModelInfo, RequestError
 from gateway.body import read_json
-from gateway.errors import bad_request, internal_error, tgi_error_response, to_openai_error
-from gateway.generation import ClientDisconnected, gather, unless_disconnected
+from gateway.errors import (
+    OpenAIError,
+    bad_request,
+    internal_error,
+    tgi_error_response,
+    to_openai_error,
+)
+from gateway.generation import (
+    ClientDisconnected,
+    Generation,
+    gather_choices,
+    unless_disconnected,
+)
 from gateway.guard import GUARD, open_guarded, principal_of
+from gateway.metrics import GenerationTrace
 from gateway.middleware import set_failure_label, set_model_label
 from gateway.openai.sampling import new_request_id
 from gateway.sse import SSEResponse
@@ -153,7 +165,8 @@ async def prepare(request: Request, *, stream: bool | None) -> tuple[Prepared, b
         prompt_token_ids=ids,
     )
     seed = todo.sampling.seed if todo.sampling.temperature > 0 else None
-    view = TGIView(body.inputs, todo.details, todo.return_full_text, seed)
+    view = TGIView(body.inputs, todo.details, todo.return_full_text, seed,
+                   top_n_tokens=todo.top_n_tokens, prefill=todo.prefill)
     return Prepared(state, entry, backend, gen_request, view), streamed
 
 
@@ -162,21 +175,31 @@ async def _whole(request: Request, ready: Prepared) -> tuple[dict[str, Any], dic
     started = time.perf_counter()
 
     async def run() -> tuple[dict[str, Any], dict[str, str]]:
-        gen = await open_guarded(
-            request, ready.entry.name, ready.backend, ready.gen_request, trace
-        )
-        got, usage = await gather(gen)
-        headers = generate_headers(usage, got, time.perf_counter() - started)
-        return generate_body(got, usage, ready.view), headers
+        gen = await _open(request, ready, trace)
+        answer, total = await gather_choices(gen)
+        headers = generate_headers(answer, total, time.perf_counter() - started)
+        return generate_body(answer, total, ready.view), headers
 
     return await unless_disconnected(request.receive, run())
+
+
+async def _open(request: Request, ready: Prepared, trace: GenerationTrace) -> Generation:
+    """The generation, its first event pulled; a grammar the backend's engine cannot compile
+    is TGI's "grammar is not valid" (422)."""
+    try:
+        return await open_guarded(
+            request, ready.entry.name, ready.backend, ready.gen_request, trace)
+    except OpenAIError as err:
+        if err.param == "grammar" and ready.gen_request.sampling.structured is not None \
+                and err.status_code in (400, 422):
+            raise TGIValidationError(f"grammar is not valid: {err.message}") from None
+        raise
 
 
 async def _stream(request: Request, ready: Prepared) -> Response:
     trace = ready.state.metrics.trace(ready.entry.name)
     # The first event is pulled before the response starts: early errors stay 4xx.
-    opening = open_guarded(request, ready.entry.name, ready.backend, ready.gen_request, trace)
-    gen = await unless_disconnected(request.receive, opening)
+    gen = await unless_disconnected(request.receive, _open(request, ready, trace))
     return SSEResponse(stream_events(gen, ready.view))
 
 

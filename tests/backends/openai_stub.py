@@ -3,7 +3,11 @@
 `OpenAIStub.mode`: "ok", "status:<code>" (OpenAI's error body; 429 with Retry-After),
 "no_stream_options" (a 400 naming stream_options when asked for it, as some servers do),
 "malformed" (a non-JSON event), "no_choices" (a chunk without choices), "die" (the socket
-breaks after two pieces), "hang" (nothing is sent), "json" (a non-streamed answer).
+breaks after two pieces), "hang" (nothing is sent), "json" (a non-streamed answer),
+"ignore_n" (one choice, whatever `n` asked). With `n` > 1, choice k streams PIECES less its
+last k pieces (finish "length" for k > 0, the usage totals them); with logprobs each piece has
+the logprob -0.1 * (k + 1) and the asked number of alternatives, worse ones named `alt<j>`,
+listed worst first.
 """
 
 from __future__ import annotations
@@ -29,20 +33,51 @@ class OpenAIStub:
     cancelled: int = 0
 
 
-def _chunk(chat: bool, piece: str | None, finish: str | None) -> dict[str, Any]:
+def _logprobs(chat: bool, piece: str, k: int, index: int) -> dict[str, Any]:
+    """Choice `index`'s piece at logprob -0.1 * (index + 1), with k - 1 worse alternatives
+    `alt<j>` listed worst first (an upstream need not sort them)."""
+    lp = -0.1 * (index + 1)
+    alternatives = [(f"alt{j}", lp - j) for j in range(k - 1, 0, -1)] + [(piece, lp)][:k]
     if chat:
-        choice: dict[str, Any] = {"index": 0, "delta": {"content": piece} if piece else {},
+        return {"content": [{"token": piece, "logprob": lp, "bytes": list(piece.encode()),
+                             "top_logprobs": [{"token": t, "logprob": v, "bytes": None}
+                                              for t, v in alternatives]}]}
+    return {"tokens": [piece], "token_logprobs": [lp], "top_logprobs": [dict(alternatives)],
+            "text_offset": [0]}
+
+
+def _chunk(
+    chat: bool, piece: str | None, finish: str | None, index: int = 0, top: int | None = None,
+) -> dict[str, Any]:
+    if chat:
+        choice: dict[str, Any] = {"index": index, "delta": {"content": piece} if piece else {},
                                   "finish_reason": finish}
-        return {"id": "c1", "object": "chat.completion.chunk", "choices": [choice]}
-    return {"id": "c1", "object": "text_completion",
-            "choices": [{"index": 0, "text": piece or "", "finish_reason": finish}]}
+    else:
+        choice = {"index": index, "text": piece or "", "finish_reason": finish}
+    if piece and top is not None:
+        choice["logprobs"] = _logprobs(chat, piece, top, index)
+    kind = "chat.completion.chunk" if chat else "text_completion"
+    return {"id": "c1", "object": kind, "choices": [choice]}
 
 
 def _sse(data: dict[str, Any] | str) -> bytes:
     return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n".encode()
 
 
-async def _stream(stub: OpenAIStub, chat: bool, usage: bool) -> AsyncIterator[bytes]:
+def _top(chat: bool, body: dict[str, Any]) -> int | None:
+    """How many alternatives were asked for; None: no logprobs."""
+    if chat:
+        return int(body.get("top_logprobs") or 0) if body.get("logprobs") else None
+    value = body.get("logprobs")
+    return None if value is None else int(value)
+
+
+async def _stream(stub: OpenAIStub, chat: bool, body: dict[str, Any]) -> AsyncIterator[bytes]:
+    """Choice k says PIECES without its last k pieces; the choices interleave piece by piece."""
+    usage = bool((body.get("stream_options") or {}).get("include_usage"))
+    n = 1 if stub.mode == "ignore_n" else int(body.get("n") or 1)
+    top = _top(chat, body)
+    lengths = [len(PIECES) - k for k in range(n)]
     done = False
     try:
         for i, piece in enumerate(PIECES):
@@ -54,11 +89,15 @@ async def _stream(stub: OpenAIStub, chat: bool, usage: bool) -> AsyncIterator[by
                 yield b"data: {oops\n\n"
             if stub.mode == "no_choices" and i == 1:
                 yield _sse({"id": "c1", "object": "chat.completion.chunk"})
-            yield _sse(_chunk(chat, piece, None))
-        yield _sse(_chunk(chat, None, "stop"))
+            for k in range(n):
+                if i < lengths[k]:
+                    yield _sse(_chunk(chat, piece, None, k, top))
+                if i == lengths[k] - 1:
+                    yield _sse(_chunk(chat, None, "stop" if k == 0 else "length", k))
         if usage:
             yield _sse({"id": "c1", "choices": [], "usage": {
-                "prompt_tokens": 7, "completion_tokens": len(PIECES), "total_tokens": 13}})
+                "prompt_tokens": 7, "completion_tokens": sum(lengths),
+                "total_tokens": 7 + sum(lengths)}})
         yield _sse("[DONE]")
         done = True
     finally:
@@ -95,8 +134,7 @@ async def _answer(stub: OpenAIStub, request: Request, chat: bool) -> Response:
         return JSONResponse({"error": {"message": "Unrecognized request argument supplied: "
                                        "stream_options", "type": "invalid_request_error",
                                        "param": None, "code": None}}, 400)
-    usage = bool((body.get("stream_options") or {}).get("include_usage"))
-    return StreamingResponse(_stream(stub, chat, usage), media_type="text/event-stream")
+    return StreamingResponse(_stream(stub, chat, body), media_type="text/event-stream")
 
 
 def create_openai_stub(stub: OpenAIStub) -> FastAPI:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import sys
 from collections.abc import Iterator
@@ -12,8 +13,18 @@ from typing import Any
 import openai
 import pytest
 
-from backends.base import Backend, DeploymentError, RequestError
+from backends.base import (
+    Backend,
+    DeploymentError,
+    GenerationEvent,
+    GenerationRequest,
+    RequestError,
+    SamplingParams,
+    StructuredOutput,
+    Usage,
+)
 from backends.registry import BackendSpec, create_backend
+from backends.remote.chunks import split_total
 from gateway.app import create_app
 from gateway.settings import Settings
 from tests.backends.harness import Result, collect, request
@@ -250,3 +261,121 @@ def test_through_a_gateway_errors_reach_the_sdk_in_openai_shape(upstream, stub) 
         with pytest.raises(openai.APIError):
             for _ in client.chat.completions.create(**ask, stream=True):
                 pass
+
+
+def _choices(got: Result, n: int) -> list[list[GenerationEvent]]:
+    return [[e for e in got.events if e.index == k] for k in range(n)]
+
+
+@pytest.mark.parametrize("chat", [True, False])
+async def test_n_choices_with_top_logprobs_pass_through(upstream, stub, chat) -> None:
+    backend = await started(upstream[0])
+    prompt = {"messages": [{"role": "user", "content": "hi"}]} if chat else {"prompt": "hi"}
+    got = await collect(backend, request(**prompt, n=3, logprobs=True, top_logprobs=2))
+    await backend.close()
+    sent = stub.requests[-1]
+    assert sent["n"] == 3
+    assert (sent["logprobs"], sent.get("top_logprobs")) == ((True, 2) if chat else (2, None))
+    choices = _choices(got, 3)
+    assert sum(len(c) for c in choices) == len(got.events)  # every event names its choice
+    for k, events in enumerate(choices):
+        *deltas, last = events
+        assert "".join(e.text for e in deltas) == "".join(PIECES[:len(PIECES) - k])
+        assert all(e.finish_reason is None for e in deltas)
+        assert last.finish_reason == ("stop" if k == 0 else "length")
+        # logprobs listed every token: the upstream's total splits exactly
+        assert last.usage == Usage(7, len(PIECES) - k)
+        for e in deltas:
+            (token,) = e.tokens
+            assert token.text == e.text and token.logprob == pytest.approx(-0.1 * (k + 1))
+            assert [a.text for a in token.top_logprobs] == [e.text, "alt1"]  # best first
+            assert [a.logprob for a in token.top_logprobs] == pytest.approx(
+                [-0.1 * (k + 1), -0.1 * (k + 1) - 1])
+    assert [e.index for e in got.events if e.finish_reason] == [0, 1, 2]
+
+
+async def test_n_choices_split_the_upstream_total_by_their_length(upstream, stub) -> None:
+    backend = await started(upstream[0])
+    got = await collect(backend, request("hi", n=2))
+    await backend.close()
+    usages = [events[-1].usage for events in _choices(got, 2)]
+    assert all(u.prompt_tokens == 7 for u in usages)
+    assert sum(u.completion_tokens for u in usages) == 2 * len(PIECES) - 1  # the total, kept
+    assert usages[0].completion_tokens >= usages[1].completion_tokens
+
+
+async def test_an_upstream_answering_fewer_choices_fails_naming_n(upstream, stub) -> None:
+    stub.mode = "ignore_n"
+    backend = await started(upstream[0])
+    with pytest.raises(DeploymentError) as caught:
+        await collect(backend, request("hi", n=2))
+    await backend.close()
+    assert caught.value.status_code == 502 and "1 of the 2 choices" in caught.value.message
+
+
+def test_splitting_a_total_keeps_it_and_follows_the_weights() -> None:
+    assert split_total(10, [3, 3, 4]) == [3, 3, 4]
+    assert split_total(11, [1, 1]) in ([6, 5], [5, 6])
+    assert split_total(10, [1, 2]) == [3, 7]  # 3.33 / 6.67: the larger remainder gets it
+    assert split_total(7, [0, 0, 0]) == [3, 2, 2]
+    assert sum(split_total(101, [5, 17, 9])) == 101
+
+
+async def test_extensions_map_to_vllms_fields(upstream, stub) -> None:
+    backend = await started(upstream[0])
+    await collect(backend, request("hi", logit_bias=((5, -100.0), (17, 2.5)), min_p=0.1,
+                                   min_tokens=3, top_k=4, repetition_penalty=1.2))
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    for spec in (StructuredOutput("json_object"), StructuredOutput("json_schema",
+                                                                   json.dumps(schema)),
+                 StructuredOutput("regex", "[ab]+"), StructuredOutput("lark", "start: \"x\""),
+                 StructuredOutput("json_schema", json.dumps(schema), name="thing",
+                                  strict=False)):
+        await collect(backend, request(messages=[{"role": "user", "content": "hi"}],
+                                       structured=spec))
+    await backend.close()
+    extended, as_object, as_schema, as_regex, as_lark, as_named = stub.requests
+    assert extended["logit_bias"] == {"5": -100.0, "17": 2.5}
+    assert (extended["min_p"], extended["min_tokens"], extended["top_k"],
+            extended["repetition_penalty"]) == (0.1, 3, 4, 1.2)
+    assert "n" not in extended and "response_format" not in extended
+    assert as_object["response_format"] == {"type": "json_object"}
+    assert as_schema["response_format"] == {"type": "json_schema", "json_schema": {
+        "name": "response", "schema": schema, "strict": True}}
+    assert as_regex["structured_outputs"] == {"regex": "[ab]+"}
+    assert as_lark["structured_outputs"] == {"grammar": "start: \"x\""}
+    assert as_named["response_format"]["json_schema"] == {  # the client's name and strict
+        "name": "thing", "schema": schema, "strict": False}
+
+
+@pytest.mark.parametrize(("extra", "param", "words"), [
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
+     "tools", "tool calls through remote deployments"),
+    ({"sampling": SamplingParams(prompt_logprobs=1)}, "prompt_logprobs", "remote"),
+])
+async def test_what_the_wire_cannot_carry_is_refused_before_asking(
+    upstream, stub, extra, param, words,
+) -> None:
+    backend = await started(upstream[0])
+    req = GenerationRequest(request_id="refused", messages=[{"role": "user", "content": "hi"}],
+                            **extra)
+    with pytest.raises(RequestError) as caught:
+        await anext(backend.generate(req))
+    await backend.close()
+    assert caught.value.status_code == 400 and caught.value.param == param
+    assert words in caught.value.message and not stub.requests
+
+
+async def test_detokenize_needs_the_tokenizer_option(upstream, tokenizer_dir: Path) -> None:
+    from tokenizers import Tokenizer
+
+    ids = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json")).encode(
+        "<|im_start|>Hello world").ids
+    with_tokenizer = remote(upstream[0], tokenizer=str(tokenizer_dir))
+    assert with_tokenizer.detokenize(ids) == "<|im_start|>Hello world"  # specials kept
+    with pytest.raises(RequestError) as outside:
+        with_tokenizer.detokenize([10**7])
+    assert outside.value.param == "tokens"
+    with pytest.raises(RequestError) as without:
+        remote(upstream[0]).detokenize(ids)
+    assert without.value.status_code == 400 and "`tokenizer`" in without.value.message

@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from backends.base import Backend, DeploymentError, RequestError
+from backends.base import (
+    Backend,
+    DeploymentError,
+    GenerationRequest,
+    RequestError,
+    SamplingParams,
+    StructuredOutput,
+)
 from backends.registry import BackendSpec, create_backend
 from tests.backends.harness import Result, collect, request
-from tests.backends.tgi_stub import PIECES, StubTGI, create_stub_app
+from tests.backends.tgi_stub import LOGPROB, PIECES, StubTGI, create_stub_app
 from tests.gateway.conftest import running_server
 
 MESSAGES = [{"role": "user", "content": "Tell me a story."}]
@@ -145,3 +154,110 @@ async def test_failures_mid_stream_come_after_the_events(
     assert caught.value.code == code and caught.value.status_code == 502
     assert got.text == "".join(PIECES[:before])
     assert all(e.finish_reason is None for e in got.events)
+
+
+async def test_top_logprobs_are_tgis_top_n_tokens_best_first(upstream, stub) -> None:
+    backend = await started(upstream[0])
+    got = await collect(backend, request("a b c", max_tokens=3, logprobs=True, top_logprobs=3))
+    await backend.close()
+    assert stub.requests[0]["parameters"]["top_n_tokens"] == 3
+    for event, piece in zip(got.events, PIECES, strict=False):
+        (token,) = event.tokens
+        assert [a.text for a in token.top_logprobs] == [piece, "alt1", "alt2"]
+        assert [a.logprob for a in token.top_logprobs] == [LOGPROB, LOGPROB - 1, LOGPROB - 2]
+        assert token.top_logprobs[1].id == 901
+
+
+async def test_prompt_logprobs_come_from_generate_with_decoder_input_details(
+    upstream, stub,
+) -> None:
+    backend = await started(upstream[0])
+    req = GenerationRequest(request_id="prefill", prompt="a b c", sampling=SamplingParams(
+        max_tokens=4, temperature=0.0, logprobs=True, top_logprobs=2, prompt_logprobs=0,
+        stop=(" brown",)))
+    got = await collect(backend, req)
+    streamed = await collect(backend, request("a b c", max_tokens=4, logprobs=True,
+                                              top_logprobs=2, stop=(" brown",)))
+    await backend.close()
+    sent = stub.requests[0]["parameters"]
+    assert sent["decoder_input_details"] is True and sent["top_n_tokens"] == 2
+    prompt = got.events[0].prompt_tokens
+    assert [(t.id, t.text, t.logprob) for t in prompt] == [
+        (0, "a", None), (1, "b", -1.5), (2, "c", -1.5)]
+    assert all(e.prompt_tokens is None for e in got.events[1:])
+    # the rest equals the streamed answer: text cut at the stop, tokens, finish, usage
+    assert got.text == streamed.text == " The quick"
+    assert [e.tokens for e in got.events] == [e.tokens for e in streamed.events]
+    assert (got.last.finish_reason, got.last.stop_reason, got.usage) == (
+        streamed.last.finish_reason, streamed.last.stop_reason, streamed.usage)
+
+
+async def test_structured_outputs_become_tgis_grammar(upstream, stub) -> None:
+    backend = await started(upstream[0])
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    for spec in (StructuredOutput("json_object"),
+                 StructuredOutput("json_schema", json.dumps(schema)),
+                 StructuredOutput("regex", "[0-9]+")):
+        await collect(backend, request("a b c", max_tokens=2, structured=spec))
+    with pytest.raises(RequestError) as lark:
+        await anext(backend.generate(request("a b c", structured=StructuredOutput(
+            "lark", "start: \"x\""))))
+    await backend.close()
+    grammars = [r["parameters"]["grammar"] for r in stub.requests]
+    assert grammars == [{"type": "json", "value": {"type": "object"}},
+                        {"type": "json", "value": schema},
+                        {"type": "regex", "value": "[0-9]+"}]
+    assert lark.value.param == "response_format" and "TGI" in lark.value.message
+
+
+@pytest.mark.parametrize(("sampling", "param"), [
+    ({"n": 2}, "n"), ({"logit_bias": ((5, 1.0),)}, "logit_bias"),
+    ({"min_tokens": 2}, "min_tokens"), ({"min_p": 0.1}, "min_p"),
+])
+async def test_what_tgi_has_no_parameter_for_is_refused(upstream, stub, sampling, param) -> None:
+    backend = await started(upstream[0])
+    with pytest.raises(RequestError) as caught:
+        await anext(backend.generate(request("hi", **sampling)))
+    await backend.close()
+    assert caught.value.status_code == 400 and caught.value.param == param
+    assert "TGI backend" in caught.value.message and not stub.requests
+
+
+TOOLS_TEMPLATE = (
+    "{% if tools %}<tools>{{ tools | tojson }}</tools>{% endif %}"
+    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+
+
+async def test_tools_reach_the_chat_template(upstream, stub, tokenizer_dir: Path,
+                                             tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    folder = tmp_path / "tok"
+    shutil.copytree(tokenizer_dir, folder)
+    (folder / "chat_template.jinja").write_text(TOOLS_TEMPLATE)
+    tools = [{"type": "function", "function": {"name": "weather", "description": "Weather",
+                                               "parameters": {"type": "object"}}}]
+    backend = await started(upstream[0], tokenizer=str(folder))
+    req = GenerationRequest(request_id="tools", messages=MESSAGES, tools=tools,
+                            sampling=SamplingParams(max_tokens=2, temperature=0.0))
+    await collect(backend, req)
+    await backend.close()
+    hf = AutoTokenizer.from_pretrained(folder)
+    want = hf.apply_chat_template(MESSAGES, tools=tools, add_generation_prompt=True,
+                                  tokenize=False)
+    assert "weather" in want and stub.requests[0]["inputs"] == want
+    assert backend.info().chat_template == TOOLS_TEMPLATE
+
+
+async def test_detokenize_with_the_tokenizer_option(upstream, tokenizer_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(tokenizer_dir)
+    ids = hf("The quick brown fox").input_ids
+    backend = await started(upstream[0], tokenizer=str(tokenizer_dir))
+    assert backend.detokenize(ids) == hf.decode(ids)
+    with pytest.raises(RequestError):
+        backend.detokenize([-1])
+    await backend.close()

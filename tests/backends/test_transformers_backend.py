@@ -16,7 +16,13 @@ import pytest_asyncio
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from backends.base import GenerationEvent, GenerationRequest, RequestError, SamplingParams
+from backends.base import (
+    GenerationEvent,
+    GenerationRequest,
+    RequestError,
+    SamplingParams,
+    StructuredOutput,
+)
 from backends.registry import BackendSpec, create_backend
 from backends.transformers.backend import TransformersBackend
 from backends.transformers.options import TransformersOptions
@@ -294,3 +300,137 @@ async def test_default_gguf_model_knows_the_capital_of_france() -> None:
         assert default.info().quantization.startswith("gguf")
     finally:
         await default.close()
+
+
+def _hf_scores(model: torch.nn.Module, prompt: list[int], steps: int,
+               **kwargs: object) -> tuple[list[int], list[torch.Tensor]]:
+    """transformers' greedy ids and its raw log_softmax (float32) at each step."""
+    ids = torch.tensor([prompt])
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=steps,
+                         do_sample=False, eos_token_id=None, pad_token_id=0, output_logits=True,
+                         return_dict_in_generate=True, **kwargs)
+    return (out.sequences[0, len(prompt):].tolist(),
+            [torch.log_softmax(step[0].float(), -1) for step in out.logits])
+
+
+@ASYNC
+async def test_top_logprobs_are_the_raw_top_k_with_the_chosen_first(backend, hf_model) -> None:
+    sampling = SamplingParams(max_tokens=5, temperature=0.0, logprobs=True, top_logprobs=4,
+                              ignore_eos=True)
+    events = await _run(backend, _request(sampling, prompt_token_ids=PROMPTS[1]))
+    chosen, steps = _hf_scores(hf_model, PROMPTS[1], 5)
+    tokens = [t for e in events for t in e.tokens]
+    assert [t.id for t in tokens] == chosen
+    for token, logprobs in zip(tokens, steps, strict=True):
+        values, ids = logprobs.topk(4)
+        assert [a.id for a in token.top_logprobs] == ids.tolist()
+        assert [a.logprob for a in token.top_logprobs] == pytest.approx(values.tolist(),
+                                                                         abs=1e-5)
+        assert token.top_logprobs[0].id == token.id  # greedy: the chosen one is the top one
+        assert token.top_logprobs[0].logprob == pytest.approx(token.logprob, abs=1e-6)
+        assert all(a.text for a in token.top_logprobs)
+
+
+@ASYNC
+async def test_logprobs_stay_raw_under_a_logit_bias(backend, hf_model) -> None:
+    """The bias moves the choice to its token; logprobs are of the unbiased distribution."""
+    target = 4242
+    sampling = SamplingParams(max_tokens=4, temperature=0.0, logprobs=True, ignore_eos=True,
+                              logit_bias=((target, 100.0),))
+    events = await _run(backend, _request(sampling, prompt_token_ids=PROMPTS[0]))
+    assert _token_ids(events) == [target] * 4
+    ids = torch.tensor([PROMPTS[0] + [target] * 3])
+    with torch.no_grad():
+        logits = hf_model(ids).logits[0, len(PROMPTS[0]) - 1:].float()
+    want = torch.log_softmax(logits, -1)[:, target].tolist()
+    assert [t.logprob for e in events for t in e.tokens] == pytest.approx(want, abs=1e-5)
+    with pytest.raises(RequestError) as caught:
+        await anext(backend.generate(_request(
+            SamplingParams(logit_bias=((10**7, 1.0),)), prompt_token_ids=PROMPTS[0])))
+    assert caught.value.param == "logit_bias"
+
+
+@ASYNC
+async def test_min_tokens_masks_the_stop_token_like_transformers(backend, hf_model) -> None:
+    greedy = _token_ids(await _run(backend, _request(prompt_token_ids=PROMPTS[2])))
+    stop = greedy[0]  # would stop at once
+    sampling = SamplingParams(max_tokens=12, temperature=0.0, stop_token_ids=(stop,),
+                              min_tokens=4)
+    events = await _run(backend, _request(sampling, prompt_token_ids=PROMPTS[2]))
+    ids = torch.tensor([PROMPTS[2]])
+    out = hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12,
+                            do_sample=False, eos_token_id=stop, pad_token_id=0,
+                            min_new_tokens=4)[0, len(PROMPTS[2]):].tolist()
+    want = out[:out.index(stop) + 1] if stop in out else out
+    got = _token_ids(events)
+    assert got == want and len(got) >= 4 and stop not in got[:4]
+
+
+@ASYNC
+async def test_min_p_sampling_equals_transformers(backend, hf_model) -> None:
+    sampling = SamplingParams(max_tokens=10, temperature=1.3, min_p=0.05, seed=7,
+                              ignore_eos=True)
+    events = await _run(backend, _request(sampling, prompt_token_ids=PROMPTS[0]))
+    torch.manual_seed(7)
+    want = _hf_generate(hf_model, PROMPTS[0], max_new_tokens=10, do_sample=True,
+                        temperature=1.3, min_p=0.05, top_k=None, top_p=None)
+    assert _token_ids(events) == want
+
+
+@ASYNC
+async def test_n_choices_have_their_own_seeds_and_indexes(backend) -> None:
+    sampled = SamplingParams(max_tokens=8, temperature=1.0, seed=100, n=3, ignore_eos=True)
+    events = await _run(backend, _request(sampled, prompt_token_ids=PROMPTS[0]))
+    by_choice = {i: [e for e in events if e.index == i] for i in range(3)}
+    assert [len(v) for v in by_choice.values()] == [8, 8, 8]
+    for index, mine in by_choice.items():
+        assert mine[-1].finish_reason == "length" and mine[-1].seed == 100 + index
+        assert mine[-1].usage.completion_tokens == 8
+        alone = SamplingParams(max_tokens=8, temperature=1.0, seed=100 + index,
+                               ignore_eos=True)
+        single = await _run(backend, _request(alone, prompt_token_ids=PROMPTS[0]))
+        assert _token_ids(mine) == _token_ids(single)  # choice k is seed + k
+    assert len({tuple(_token_ids(v)) for v in by_choice.values()}) == 3
+    greedy = SamplingParams(max_tokens=6, temperature=0.0, n=2, ignore_eos=True)
+    events = await _run(backend, _request(greedy, prompt_token_ids=PROMPTS[1]))
+    first, second = ([t for e in events if e.index == i for t in e.tokens] for i in (0, 1))
+    assert [t.id for t in first] == [t.id for t in second] and len(first) == 6
+
+
+@ASYNC
+async def test_closing_an_n_request_midway_cancels_every_choice(backend) -> None:
+    before = backend.generated_tokens
+    long = SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True, n=3)
+    stream = backend.generate(_request(long, prompt_token_ids=[5, 6, 7]))
+    await anext(stream)
+    await stream.aclose()
+    events = await asyncio.wait_for(
+        _run(backend, _request(SamplingParams(max_tokens=2), prompt_token_ids=[8])), 30)
+    assert events[-1].finish_reason == "length"
+    assert backend.generated_tokens - before < 400
+
+
+@pytest.mark.parametrize(("sampling", "param"), [
+    (SamplingParams(structured=StructuredOutput("json_object")), "response_format"),
+    (SamplingParams(prompt_logprobs=2), "prompt_logprobs"),
+])
+@ASYNC
+async def test_what_generate_cannot_do_is_refused_naming_the_backend(
+    backend, sampling, param,
+) -> None:
+    with pytest.raises(RequestError) as caught:
+        await anext(backend.generate(_request(sampling, prompt_token_ids=PROMPTS[0])))
+    err = caught.value
+    assert err.status_code == 400 and err.param == param
+    assert "transformers backend" in err.message and "native engine" in err.message
+
+
+@ASYNC
+async def test_detokenize_and_the_chat_template_in_info(backend, model_path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    ids = tokenizer("Hello there, general Kenobi").input_ids
+    assert backend.detokenize(ids) == tokenizer.decode(ids)
+    with pytest.raises(RequestError) as caught:
+        backend.detokenize([len(tokenizer) + 5])
+    assert caught.value.param == "tokens"
+    assert backend.info().chat_template == tokenizer.chat_template

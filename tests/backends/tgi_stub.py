@@ -1,10 +1,13 @@
-"""A stand-in TGI server: `/generate_stream`, `/health`, `/info` in TGI's wire format.
+"""A stand-in TGI server: `/generate_stream`, `/generate`, `/health`, `/info` in TGI's wire
+format.
 
 It "generates" a fixed sentence, token by token, as TGI streams it: one event per token
 (`{"index", "token": {"id", "text", "logprob", "special"}, "top_tokens", "generated_text",
 "details"}`), the last with `generated_text` and `details` (`finish_reason`
 length / eos_token / stop_sequence, `generated_tokens`, `seed`, `input_length`). A stop
 sequence stays in TGI's text. The prompt's token count is its number of words.
+`top_n_tokens` lists the token and worse `alt<j>` ones (`top_tokens`); `/generate` answers
+whole, with `details.prefill` (one token per prompt word) for `decoder_input_details`.
 
 `StubTGI.mode` scripts failures: "ok", "status:<code>", "malformed", "die" (the socket breaks
 after two tokens), "hang" (nothing is sent), "error_event" (TGI's in-stream error).
@@ -56,9 +59,23 @@ class StubTGI:
     cancelled: int = 0
 
 
-def _frame(index: int, tok: dict[str, Any], last: dict[str, Any] | None) -> bytes:
-    event = {"index": index, "token": tok, "top_tokens": [], "generated_text": None,
-             "details": None}
+def top_tokens(tok: dict[str, Any], n: int) -> list[dict[str, Any]]:
+    """top_n_tokens: the token itself and n - 1 worse ones (`alt<j>`, id 900 + j), listed
+    worst first."""
+    worse = [{"id": 900 + j, "text": f"alt{j}", "logprob": tok["logprob"] - j,
+              "special": False} for j in range(n - 1, 0, -1)]
+    return [*worse, tok][-n:] if n else []
+
+
+def prefill(inputs: str) -> list[dict[str, Any]]:
+    """decoder_input_details: one token per word of the prompt (id = its position)."""
+    return [{"id": i, "text": word, "logprob": None if i == 0 else -1.5}
+            for i, word in enumerate(inputs.split())]
+
+
+def _frame(index: int, tok: dict[str, Any], last: dict[str, Any] | None, top: int) -> bytes:
+    event = {"index": index, "token": tok, "top_tokens": top_tokens(tok, top),
+             "generated_text": None, "details": None}
     if last is not None:
         event.update(last)
     return f"data:{json.dumps(event)}\n\n".encode()
@@ -91,7 +108,7 @@ async def _frames(stub: StubTGI, body: dict[str, Any]) -> AsyncIterator[bytes]:
                 last = {"generated_text": text, "details": {
                     "finish_reason": reason, "generated_tokens": len(tokens), "seed": None,
                     "input_length": input_length}}
-            yield _frame(i + 1, tok, last)
+            yield _frame(i + 1, tok, last, params.get("top_n_tokens") or 0)
         done = True
     finally:
         stub.active -= 1
@@ -117,21 +134,45 @@ def create_stub_app(stub: StubTGI) -> FastAPI:
         return {"model_id": "stub", "max_total_tokens": MAX_TOTAL_TOKENS,
                 "max_input_tokens": MAX_TOTAL_TOKENS - 1, "max_stop_sequences": 4}
 
-    @app.post("/generate_stream")
-    async def generate_stream(request: Request) -> Response:
+    async def refusal(request: Request) -> tuple[dict[str, Any], Response | None]:
         body = await request.json()
         stub.requests.append(body)
         stub.headers.append(dict(request.headers))
         if stub.mode.startswith("status:"):
-            return _status(int(stub.mode.split(":")[1]))
+            return body, _status(int(stub.mode.split(":")[1]))
         if stub.mode == "hang":
             await asyncio.sleep(2)
         words = len(str(body.get("inputs", "")).split())
         max_new = (body.get("parameters") or {}).get("max_new_tokens") or 0
         if words >= MAX_TOTAL_TOKENS or words + max_new > MAX_TOTAL_TOKENS:
-            return JSONResponse({"error": f"`inputs` tokens + `max_new_tokens` must be <= "
-                                 f"{MAX_TOTAL_TOKENS}. Given: {words}", "error_type":
-                                 "validation"}, 422)
+            return body, JSONResponse({"error": f"`inputs` tokens + `max_new_tokens` must be "
+                                       f"<= {MAX_TOTAL_TOKENS}. Given: {words}",
+                                       "error_type": "validation"}, 422)
+        return body, None
+
+    @app.post("/generate_stream")
+    async def generate_stream(request: Request) -> Response:
+        body, refused = await refusal(request)
+        if refused is not None:
+            return refused
         return StreamingResponse(_frames(stub, body), media_type="text/event-stream")
+
+    @app.post("/generate")
+    async def generate(request: Request) -> Response:
+        body, refused = await refusal(request)
+        if refused is not None:
+            return refused
+        params = body.get("parameters") or {}
+        inputs = str(body.get("inputs", ""))
+        max_new = params.get("max_new_tokens")
+        max_new = MAX_TOTAL_TOKENS - len(inputs.split()) if max_new is None else max_new
+        tokens, reason = script(max_new, params.get("stop") or [])
+        top = params.get("top_n_tokens") or 0
+        details: dict[str, Any] = {
+            "finish_reason": reason, "generated_tokens": len(tokens), "seed": None,
+            "prefill": prefill(inputs) if params.get("decoder_input_details") else [],
+            "tokens": tokens, "top_tokens": [top_tokens(t, top) for t in tokens]}
+        text = "".join(t["text"] for t in tokens if not t["special"])
+        return JSONResponse({"generated_text": text, "details": details})
 
     return app

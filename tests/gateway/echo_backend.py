@@ -7,13 +7,31 @@ whose prompt + max_tokens exceed `max_total_tokens` with a RequestError on the
 first `__anext__`, as the contract says. Prompts with magic words misbehave on
 purpose: FAIL_MIDWAY raises after two tokens, ABORT_NOW finishes with "abort",
 UNAVAILABLE raises BackendUnavailable.
+
+Deterministic fake values for the OpenAI extras:
+- `n`: choice k (its events carry `index=k`) says WORDS[(i + k) % 10] as its i-th word, so
+  the choices differ, and stops naturally after `max(natural_length - k, 1)` words, so they
+  finish at different times. The choices' events interleave round-robin (one word of each
+  choice per round); each choice's last event has its finish reason and usage (the prompt's
+  words, that choice's words).
+- token ids: a word's id is its position in WORDS; every generated token's logprob is -0.5
+  (whether or not logprobs were asked).
+- `top_logprobs` k (with `logprobs`): the chosen token first (-0.5), then the next k - 1
+  words of WORDS after it, cyclically, at -1.5, -2.5, ...; each alternative's text spelled
+  like the chosen piece (a leading space after the first word).
+- `prompt_logprobs` k: on choice 0's first event, one TokenInfo per prompt word (id = its
+  position in the prompt, text = the word with a leading space after the first, logprob None
+  for the first and -1.0 after), each with k alternatives: itself (-1.0) then WORDS[0..k-2]
+  at -2.0, -3.0, ...
+- `detokenize(ids)`: the words WORDS[id] joined by spaces; an id outside 0..9 is a
+  RequestError (param "tokens").
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from backends.base import (
     BackendStats,
@@ -24,6 +42,7 @@ from backends.base import (
     ModelInfo,
     RequestError,
     TokenInfo,
+    TopLogprob,
     Usage,
 )
 
@@ -88,48 +107,90 @@ class EchoBackend:
             )
         return limit
 
+    def detokenize(self, token_ids: list[int]) -> str:
+        if any(not 0 <= t < len(WORDS) for t in token_ids):
+            raise RequestError("token ids must be within the vocabulary (0-9)", param="tokens")
+        return " ".join(WORDS[t] for t in token_ids)
+
     async def _generate(self, req: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         text = prompt_text(req)
         if "UNAVAILABLE" in text:
             raise BackendUnavailable("echo is restarting")
         prompt_tokens = self.count_tokens(req)
         budget = self._budget(req, prompt_tokens)
-        length = budget if req.sampling.ignore_eos else min(budget, self.natural_length)
+        choices = [self._choice(req, k, budget, prompt_tokens, "ABORT_NOW" in text)
+                   for k in range(max(req.sampling.n, 1))]
+        if req.sampling.prompt_logprobs is not None and choices[0]:
+            first = choices[0][0]
+            choices[0][0] = replace(first, prompt_tokens=_prompt_infos(
+                text, req.sampling.prompt_logprobs))
         finished = False
         self.running += 1
         try:
-            out = ""
-            for i in range(length):
+            for step in range(max(len(events) for events in choices)):
                 if self.delay_s:
                     await asyncio.sleep(self.delay_s)
-                if "FAIL_MIDWAY" in text and i == 2:
+                if "FAIL_MIDWAY" in text and step == 2:
                     raise RuntimeError("echo exploded")
-                piece = (" " if i else "") + WORDS[i % len(WORDS)]
-                stop = next((s for s in req.sampling.stop if s in out + piece), None)
-                if stop is not None:
-                    cut = (out + piece).index(stop)
-                    finished = True
-                    yield self._last(out + piece, cut, len(out), i, prompt_tokens, "stop")
-                    return
-                out += piece
-                token = TokenInfo(id=i % len(WORDS), text=piece, logprob=-0.5)
-                if i == length - 1:
-                    finished = True
-                    reason = "abort" if "ABORT_NOW" in text else (
-                        "length" if length == budget else "stop")
-                    yield GenerationEvent(text=piece, tokens=(token,), finish_reason=reason,
-                                          usage=Usage(prompt_tokens, i + 1))
-                    return
-                yield GenerationEvent(text=piece, tokens=(token,))
+                for events in choices:
+                    if step < len(events):
+                        yield events[step]
             finished = True
-            yield GenerationEvent(finish_reason="length", usage=Usage(prompt_tokens, 0))
         finally:
             self.running -= 1
             (self.completed if finished else self.aborted).append(req.request_id)
 
+    def _choice(
+        self, req: GenerationRequest, k: int, budget: int, prompt_tokens: int, abort: bool,
+    ) -> list[GenerationEvent]:
+        """Every event of choice `k`, its last one finishing."""
+        natural = max(self.natural_length - k, 1)
+        length = budget if req.sampling.ignore_eos else min(budget, natural)
+        events: list[GenerationEvent] = []
+        out = ""
+        for i in range(length):
+            word = (i + k) % len(WORDS)
+            piece = (" " if i else "") + WORDS[word]
+            stop = next((s for s in req.sampling.stop if s in out + piece), None)
+            if stop is not None:
+                cut = (out + piece).index(stop)
+                events.append(self._last(out + piece, cut, len(out), i, prompt_tokens, "stop",
+                                         k))
+                return events
+            out += piece
+            token = TokenInfo(id=word, text=piece, logprob=-0.5,
+                              top_logprobs=_alternatives(req, word, i))
+            if i == length - 1:
+                reason = "abort" if abort else ("length" if length == budget else "stop")
+                events.append(GenerationEvent(text=piece, tokens=(token,), finish_reason=reason,
+                                              usage=Usage(prompt_tokens, i + 1), index=k))
+                return events
+            events.append(GenerationEvent(text=piece, tokens=(token,), index=k))
+        return [GenerationEvent(finish_reason="length", usage=Usage(prompt_tokens, 0), index=k)]
+
     @staticmethod
     def _last(
         full: str, cut: int, before: int, index: int, prompt_tokens: int, reason: str,
+        choice: int,
     ) -> GenerationEvent:
         return GenerationEvent(text=full[before:cut], finish_reason=reason,  # type: ignore[arg-type]
-                               usage=Usage(prompt_tokens, index + 1), stop_reason="stop_sequence")
+                               usage=Usage(prompt_tokens, index + 1), stop_reason="stop_sequence",
+                               index=choice)
+
+
+def _alternatives(req: GenerationRequest, word: int, position: int) -> tuple[TopLogprob, ...]:
+    k = req.sampling.top_logprobs if req.sampling.logprobs else 0
+    space = " " if position else ""
+    return tuple(TopLogprob(id=(word + j) % len(WORDS), text=space + WORDS[(word + j) % len(WORDS)],
+                            logprob=-0.5 - j) for j in range(k))
+
+
+def _prompt_infos(text: str, k: int) -> tuple[TokenInfo, ...]:
+    infos = []
+    for i, word in enumerate(text.split()):
+        piece = (" " if i else "") + word
+        alternatives = (TopLogprob(i, piece, -1.0),) + tuple(
+            TopLogprob(j, WORDS[j], -2.0 - j) for j in range(k - 1))
+        infos.append(TokenInfo(id=i, text=piece, logprob=None if i == 0 else -1.0,
+                               top_logprobs=alternatives[:k]))
+    return tuple(infos)

@@ -43,7 +43,8 @@ def test_unknown_model_in_header_404(http: httpx.Client) -> None:
     ({"temperature": -0.1}, "temperature"),
     ({"top_p": 0}, "top_p"),
     ({"top_p": 1.5}, "top_p"),
-    ({"n": 2}, "n"),
+    ({"n": 17}, "n"),
+    ({"n": 0}, "n"),
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
     ({"max_tokens": "10"}, "max_tokens"),
     ({"temperature": "hot"}, "temperature"),
@@ -54,33 +55,82 @@ def test_unknown_model_in_header_404(http: httpx.Client) -> None:
     ({"messages": [{"role": "user", "content": None}]}, "messages[0].content"),
     ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
     ({"messages": [{"content": "x"}]}, "messages[0].role"),
-    ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id"),
+    ({"messages": [{"role": "function", "content": "x"}]}, "messages[0].role"),
+    ({"messages": [{"role": "assistant", "content": None}]}, "messages[0].content"),
+    ({"messages": [{"role": "user", "content": "x", "tool_calls": []}]}, None),
+    ({"messages": [{"role": "user", "content": "x", "tool_calls": [
+        {"type": "function", "function": {"name": "f", "arguments": "{}"}}]}]},
+     "messages[0].tool_calls"),
+    ({"messages": [{"role": "assistant", "tool_calls": [
+        {"type": "function", "function": {"name": "f", "arguments": {"a": 1}}}]}]},
+     "messages[0].tool_calls"),
+    ({"messages": [{"role": "assistant", "tool_calls": [{"type": "function"}]}]},
+     "messages[0].tool_calls"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
      "messages[0].content"),
     ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
     ({"messages": "hello"}, "messages"),
     ({"messages": ["hello"]}, "messages[0]"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"tools": ["f"]}, "tools[0]"),
     ({"tool_choice": "required"}, "tool_choice"),
-    ({"logit_bias": {"50256": -100}}, "logit_bias"),
+    ({"tool_choice": "sometimes"}, "tool_choice"),
+    ({"tool_choice": {"type": "function", "function": {}}}, "tool_choice"),
+    ({"tool_choice": "auto", "tools": [], "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+    ({"functions": [{"name": "f"}]}, "functions"),
+    ({"logit_bias": {"token": -100}}, "logit_bias"),
+    ({"logit_bias": {"-5": 1}}, "logit_bias"),
+    ({"logit_bias": {"5": 101}}, "logit_bias"),
+    ({"logit_bias": {"5": "1"}}, "logit_bias"),
+    ({"logit_bias": {"5": True}}, "logit_bias"),
     ({"response_format": {"type": "json_schema", "json_schema": {}}}, "response_format"),
-    ({"top_logprobs": 3, "logprobs": True}, "top_logprobs"),
+    ({"response_format": {"type": "json_schema"}}, "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": []}}},
+     "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "a",
+                                                                  "strict": "yes"}}},
+     "response_format"),
+    ({"response_format": {"type": "yaml"}}, "response_format"),
+    ({"response_format": {"type": "json_object"}, "guided_regex": "a"}, "guided_regex"),
+    ({"guided_choice": []}, "guided_choice"),
+    ({"guided_json": "{not json"}, "guided_json"),
+    ({"structured_outputs": {"regex": "a", "json": {}}}, "structured_outputs"),
+    ({"top_logprobs": 3}, "top_logprobs"),
+    ({"top_logprobs": 3, "logprobs": False}, "top_logprobs"),
+    ({"top_logprobs": 21, "logprobs": True}, "top_logprobs"),
+    ({"logprobs": 1}, "logprobs"),
+    ({"min_tokens": -1}, "min_tokens"),
+    ({"min_tokens": 5, "max_tokens": 4}, "min_tokens"),
+    ({"min_tokens": 5, "max_completion_tokens": 4}, "min_tokens"),
+    ({"min_p": 1.5}, "min_p"),
+    ({"top_k": -2}, "top_k"),
+    ({"repetition_penalty": 0}, "repetition_penalty"),
+    ({"stop_token_ids": [2**31]}, "stop_token_ids"),
     ({"model": 5}, "model"),
 ])
-def test_chat_validation_400(http: httpx.Client, extra: dict, param: str) -> None:
+def test_chat_validation_400(http: httpx.Client, extra: dict, param: str | None) -> None:
     body = {"model": "echo", "messages": MESSAGES, **extra}
     response = http.post("/v1/chat/completions", json=body)
+    if param is None:  # accepted
+        assert response.status_code == 200, response.text
+        return
     assert response.status_code == 400, response.text
     error = _error(response)
     assert error["param"] == param
     assert error["type"] == "invalid_request_error"
-    assert param.split("[")[0] in error["message"]
+    assert param.split("[")[0].split(".")[-1] in error["message"]
 
 
 def test_n_message(http: httpx.Client) -> None:
     response = http.post("/v1/chat/completions",
-                         json={"model": "echo", "messages": MESSAGES, "n": 3})
-    assert "n > 1 is not supported yet" in _error(response)["message"]
+                         json={"model": "echo", "messages": MESSAGES, "n": 17})
+    assert "n must be between 1 and 16" in _error(response)["message"]
+
+
+def test_logit_bias_message_names_the_key(http: httpx.Client) -> None:
+    response = http.post("/v1/chat/completions", json={
+        "model": "echo", "messages": MESSAGES, "logit_bias": {"12": 1, "dog": 3}})
+    assert "'dog'" in _error(response)["message"]
 
 
 @pytest.mark.parametrize(("extra", "param"), [
@@ -90,8 +140,17 @@ def test_n_message(http: httpx.Client) -> None:
     ({"prompt": None}, "prompt"),
     ({"prompt": {"text": "x"}}, "prompt"),
     ({"echo": True}, "echo"),
-    ({"best_of": 3}, "best_of"),
-    ({"logprobs": 2}, "logprobs"),
+    ({"best_of": 0}, "best_of"),
+    ({"best_of": 17}, "best_of"),
+    ({"best_of": 2, "n": 3}, "best_of"),
+    ({"best_of": 3, "stream": True}, "best_of"),
+    ({"logprobs": 21}, "logprobs"),
+    ({"logprobs": True}, "logprobs"),
+    ({"n": 17}, "n"),
+    ({"logit_bias": {"x": 1}}, "logit_bias"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}},
+     "response_format"),
+    ({"min_tokens": 3, "max_tokens": 2}, "min_tokens"),
     ({"suffix": "end"}, "suffix"),
 ])
 def test_completion_validation_400(http: httpx.Client, extra: dict, param: str) -> None:
@@ -106,7 +165,7 @@ def test_sdk_raises_bad_request_with_param(client: openai.OpenAI) -> None:
         client.chat.completions.create(model="echo", messages=MESSAGES, temperature=3)
     assert info.value.param == "temperature"
     with pytest.raises(openai.BadRequestError) as info:
-        client.chat.completions.create(model="echo", messages=MESSAGES, n=2, stream=True)
+        client.chat.completions.create(model="echo", messages=MESSAGES, n=17, stream=True)
     assert info.value.param == "n"
 
 
@@ -156,7 +215,8 @@ def test_unsupported_but_harmless_fields_are_accepted(http: httpx.Client) -> Non
             "metadata": {"a": "b"}, "store": False, "parallel_tool_calls": True,
             "tool_choice": "none", "tools": [], "logit_bias": {}, "service_tier": "auto",
             "response_format": {"type": "text"}, "logprobs": False, "top_logprobs": 0,
-            "n": 1, "stop": None, "seed": None, "reasoning_effort": "low",
+            "n": 1, "stop": None, "seed": None, "reasoning_effort": "low", "min_tokens": 0,
+            "min_p": 0, "structured_outputs": None, "guided_json": None,
             "some_future_field": 1}
     response = http.post("/v1/chat/completions", json=body)
     assert response.status_code == 200, response.text

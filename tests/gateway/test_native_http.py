@@ -98,7 +98,7 @@ def test_client_errors_raise_the_sdk_classes(client) -> None:
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="no-such-model", messages=MESSAGES)
     cases = [
-        {"max_tokens": 0}, {"temperature": 2.5}, {"top_p": 0}, {"n": 2},
+        {"max_tokens": 0}, {"temperature": 2.5}, {"top_p": 0}, {"n": 17},
         {"stop": ["a", "b", "c", "d", "e"]}, {"max_tokens": 10_000},
     ]
     for extra in cases:

@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import json
+import math
 import re
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import jsonschema
 import openai
 import pytest
 from text_generation import Client
 from text_generation.errors import OverloadedError, ValidationError
+from text_generation.types import Grammar, GrammarType, Token
 
+from backends.base import GenerationRequest, SamplingParams, StructuredOutput
 from backends.native.backend import NativeBackend
 from backends.native.config import EngineConfig
 from gateway.app import create_app
@@ -136,10 +142,20 @@ def test_too_long_input_is_a_validation_error(tgi: Client, http: httpx.Client) -
     ({"max_new_tokens": 0}, "`max_new_tokens` must be strictly positive"),
     ({"typical_p": 0.5}, "`typical_p` is not supported"),
     ({"stop": ["a", "b", "c", "d", "e"]}, "`stop` supports up to 4 stop sequences. Given: 5"),
-    ({"best_of": 2, "do_sample": True}, "`best_of` must be > 0 and <= 1. Given: 2"),
-    ({"decoder_input_details": True}, "`decoder_input_details` == true is not supported"),
+    ({"top_n_tokens": 6}, "`top_n_tokens` must be >= 0 and <= 5. Given: 6"),
+    ({"top_n_tokens": -1}, "Failed to deserialize the JSON body"),
     ({"max_new_tokens": 1.5}, "Failed to deserialize the JSON body"),
     ({"truncate": 0}, "`truncate` must be strictly positive"),
+    ({"grammar": "json"}, "parameters.grammar: invalid type: string \"json\", expected "
+                          "adjacently tagged enum GrammarType"),
+    ({"grammar": {"type": "xml", "value": "<a/>"}},
+     "parameters.grammar: unknown variant `xml`, expected `json` or `regex`"),
+    ({"grammar": {"value": "a+"}}, "parameters.grammar: missing field `type`"),
+    ({"grammar": {"type": "regex"}}, "parameters.grammar: missing field `value`"),
+    ({"grammar": {"type": "regex", "value": 7}},
+     "parameters.grammar: invalid type: integer `7`, expected a string"),
+    ({"grammar": {"type": "json", "value": [1]}}, "grammar is not supported"),
+    ({"grammar": {"type": "json", "value": "{not json"}}, "grammar is not valid: "),
 ])
 def test_parameter_validation(http: httpx.Client, parameters: dict, message: str) -> None:
     for route in ("/generate", "/generate_stream"):
@@ -147,6 +163,28 @@ def test_parameter_validation(http: httpx.Client, parameters: dict, message: str
         assert response.status_code == 422, (route, response.text)
         body = response.json()
         assert body["error_type"] == "validation" and message in body["error"], body
+
+
+@pytest.mark.parametrize(("route", "parameters", "message"), [
+    ("/generate", {"best_of": 5, "do_sample": True}, "`best_of` must be > 0 and <= 4. Given: 5"),
+    ("/generate", {"best_of": 0}, "`best_of` must be > 0 and <= 4. Given: 0"),
+    ("/generate", {"best_of": 2}, "you must use sampling when `best_of` is > 1"),
+    ("/generate", {"best_of": 2, "do_sample": True, "seed": 3},
+     "`seed` must not be set when `best_of` > 1"),
+    ("/generate_stream", {"best_of": 2, "do_sample": True},
+     "`best_of` != 1 is not supported when streaming tokens"),
+    ("/generate_stream", {"decoder_input_details": True},
+     "`decoder_input_details` == true is not supported when streaming tokens"),
+])
+def test_what_one_route_refuses(
+    http: httpx.Client, route: str, parameters: dict, message: str,
+) -> None:
+    response = http.post(route, json={"inputs": PROMPT, "parameters": parameters})
+    assert response.status_code == 422, response.text
+    assert response.json() == {"error": message, "error_type": "validation"}
+    if route == "/generate_stream":  # TGI's compat route refuses the same when it streams
+        compat = http.post("/", json={"inputs": PROMPT, "stream": True, "parameters": parameters})
+        assert compat.status_code == 422 and compat.json()["error"] == message
 
 
 def test_empty_inputs_and_bad_json(http: httpx.Client) -> None:
@@ -187,7 +225,8 @@ def test_compat_route_and_info(http: httpx.Client, native_backend: NativeBackend
     assert info["max_concurrent_requests"] == MAX_CONCURRENT
     assert info["block_size"] == 8
     assert info["max_batch_total_tokens"] >= 2048 - 8
-    assert info["max_best_of"] == 1 and info["max_stop_sequences"] == 4
+    assert info["max_best_of"] == 4 and info["max_stop_sequences"] == 4
+    assert info["max_top_n_tokens"] == 5
     assert info["router"] == "switchyard" and info["version"]
     unknown = http.get("/info", headers={"x-model": "nope"})
     assert unknown.status_code == 404 and unknown.json()["error_type"] == "not_found"
@@ -283,3 +322,166 @@ def test_when_tgi_samples(parameters: dict, greedy: bool) -> None:
     assert (sampling.temperature == 0) == greedy
     if greedy:
         assert sampling.top_k == 0 and sampling.top_p == 1.0 and sampling.seed is None
+
+
+def test_plan_maps_the_new_parameters() -> None:
+    def sampling(**parameters: object) -> SamplingParams:
+        return plan(parse_request({"inputs": "x", "parameters": parameters}),
+                    stream=False).sampling
+
+    top = sampling(top_n_tokens=3)
+    assert top.logprobs and top.top_logprobs == 3 and top.prompt_logprobs is None
+    assert sampling(decoder_input_details=True).prompt_logprobs == 0
+    assert sampling(decoder_input_details=True, top_n_tokens=2).prompt_logprobs == 2
+    best = sampling(best_of=3, do_sample=True)
+    assert best.n == 3 and best.logprobs and best.temperature == 1.0 and best.seed is None
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    as_object = sampling(grammar={"type": "json", "value": schema}).structured
+    as_text = sampling(grammar={"type": "json", "value": json.dumps(schema)}).structured
+    assert as_object == as_text == StructuredOutput("json_schema", json.dumps(schema),
+                                                    source="grammar")
+    assert json.loads(as_object.spec) == schema
+    regex = sampling(grammar={"type": "regex", "value": "[ab]+"}).structured
+    assert regex == StructuredOutput("regex", "[ab]+", source="grammar")
+    assert sampling().n == 1 and sampling().structured is None
+
+
+def _top_logprobs_consistent(token: Token, top: list[Token], k: int) -> None:
+    """k distinct alternatives, most likely first; the chosen token is among them when its
+    logprob reaches the k-th best (it then ranks in the top k)."""
+    assert len(top) == k
+    assert len({t.id for t in top}) == k
+    logprobs = [t.logprob for t in top]
+    assert all(lp is not None and lp <= 0 for lp in logprobs)
+    assert logprobs == sorted(logprobs, reverse=True)
+    if token.logprob > logprobs[-1] + 1e-6:
+        chosen = next(t for t in top if t.id == token.id)
+        assert chosen.logprob == pytest.approx(token.logprob, abs=1e-5)
+        assert chosen.text == token.text
+
+
+def test_top_n_tokens_whole_and_streamed(tgi: Client) -> None:
+    out = tgi.generate(PROMPT, max_new_tokens=8, top_n_tokens=3)
+    tokens, top = out.details.tokens, out.details.top_tokens
+    assert top is not None and len(top) == len(tokens) == out.details.generated_tokens
+    for token, alternatives in zip(tokens, top, strict=True):
+        _top_logprobs_consistent(token, alternatives, 3)
+        assert alternatives[0].id == token.id  # greedy: the chosen token is the most likely
+    events = list(tgi.generate_stream(PROMPT, max_new_tokens=8, top_n_tokens=3))
+    assert [e.token.id for e in events] == [t.id for t in tokens]
+    for event, alternatives in zip(events, top, strict=True):
+        assert [t.id for t in event.top_tokens] == [t.id for t in alternatives]
+        assert [t.logprob for t in event.top_tokens] == pytest.approx(
+            [t.logprob for t in alternatives], abs=1e-5)
+    sampled = tgi.generate(PROMPT, do_sample=True, seed=11, max_new_tokens=8, top_n_tokens=5)
+    for token, alternatives in zip(sampled.details.tokens, sampled.details.top_tokens,
+                                   strict=True):
+        _top_logprobs_consistent(token, alternatives, 5)
+    assert tgi.generate(PROMPT, max_new_tokens=2).details.top_tokens is None  # not asked
+
+
+def test_decoder_input_details_returns_the_prompt(
+    tgi: Client, http: httpx.Client, native_backend: NativeBackend,
+) -> None:
+    prompt_ids = native_backend.tokenize(GenerationRequest(request_id="t", prompt=PROMPT))
+    out = tgi.generate(PROMPT, max_new_tokens=3, decoder_input_details=True)
+    prefill = out.details.prefill
+    assert [t.id for t in prefill] == prompt_ids
+    assert prefill[0].logprob is None
+    assert all(t.logprob is not None and t.logprob <= 0 for t in prefill[1:])
+    assert PROMPT in "".join(t.text for t in prefill)
+    # TGI answers details when decoder_input_details alone is set.
+    raw = http.post("/generate", json={"inputs": PROMPT, "parameters": {
+        "max_new_tokens": 2, "decoder_input_details": True}})
+    assert raw.status_code == 200, raw.text
+    details = raw.json()["details"]
+    assert len(details["prefill"]) == int(raw.headers["x-prompt-tokens"]) == len(prompt_ids)
+    assert set(details["prefill"][0]) == {"id", "text", "logprob"}
+    assert [t["logprob"] for t in details["prefill"][1:]] == pytest.approx(
+        [t.logprob for t in prefill[1:]], abs=1e-5)
+
+
+def _logprob_sum(tokens: list[Token]) -> float:
+    return math.fsum(t.logprob for t in tokens)
+
+
+def test_best_of_answers_the_most_likely_choice(tgi: Client, http: httpx.Client) -> None:
+    out = tgi.generate(PROMPT, do_sample=True, best_of=3, max_new_tokens=8, top_n_tokens=2)
+    details = out.details
+    others = details.best_of_sequences
+    assert others is not None and len(others) == 2
+    seeds = [details.seed] + [o.seed for o in others]
+    assert None not in seeds and len(set(seeds)) == 3  # each choice sampled with its own seed
+    best = _logprob_sum(details.tokens)
+    for other in others:
+        assert other.generated_text == "".join(t.text for t in other.tokens)
+        assert other.generated_tokens == len(other.tokens)
+        assert len(other.top_tokens) == len(other.tokens)
+        assert other.prefill == []
+        assert _logprob_sum(other.tokens) <= best + 1e-6
+    assert out.generated_text == "".join(t.text for t in details.tokens)
+    # Replaying a losing choice's seed alone reproduces it: the seeds are the ones used.
+    replay = tgi.generate(PROMPT, do_sample=True, seed=others[0].seed, max_new_tokens=8)
+    assert replay.generated_text == others[0].generated_text
+    plain = http.post("/generate", json={"inputs": PROMPT, "parameters": {
+        "best_of": 2, "do_sample": True, "max_new_tokens": 4}})
+    assert plain.status_code == 200 and set(plain.json()) == {"generated_text"}
+    listed = http.post("/", json={"inputs": PROMPT, "parameters": {
+        "best_of": 2, "temperature": 0.8, "max_new_tokens": 4, "details": True}})
+    assert len(listed.json()[0]["details"]["best_of_sequences"]) == 1
+
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "admin": {"type": "boolean"},
+        "level": {"type": "string", "enum": ["low", "mid", "high"]},
+    },
+    "required": ["name", "admin", "level"],
+    "additionalProperties": False,
+}
+
+
+def test_json_grammar_always_validates(tgi: Client) -> None:
+    grammar = Grammar(type=GrammarType.Json, value=PERSON)
+
+    def sample(seed: int) -> str:
+        out = tgi.generate(PROMPT, do_sample=True, seed=seed, max_new_tokens=120,
+                           grammar=grammar)
+        return out.generated_text
+
+    with ThreadPoolExecutor(MAX_CONCURRENT) as pool:
+        answers = list(pool.map(sample, range(50)))
+    for answer in answers:
+        jsonschema.validate(json.loads(answer), PERSON)
+    assert len(set(answers)) > 1  # sampled, not one canned answer
+    as_text = Grammar(type=GrammarType.Json, value=json.dumps(PERSON))
+    streamed = list(tgi.generate_stream(PROMPT, do_sample=True, seed=3, max_new_tokens=120,
+                                        grammar=as_text))
+    assert streamed[-1].generated_text == sample(3)
+
+
+def test_regex_grammar(tgi: Client) -> None:
+    pattern = r"(cat|dog)-[0-9]{3}"
+    grammar = Grammar(type=GrammarType.Regex, value=pattern)
+    for seed in range(5):
+        out = tgi.generate(PROMPT, do_sample=True, seed=seed, max_new_tokens=20, grammar=grammar)
+        assert re.fullmatch(pattern, out.generated_text), out.generated_text
+        assert out.details.finish_reason.value == "eos_token"
+
+
+@pytest.mark.parametrize("grammar", [
+    {"type": "regex", "value": "(unclosed"},
+    {"type": "json", "value": {"type": "object", "properties": {"a": {"$ref": "#/$defs/none"}}}},
+])
+def test_a_grammar_the_engine_cannot_compile_is_a_validation_error(
+    http: httpx.Client, tgi: Client, grammar: dict,
+) -> None:
+    for route in ("/generate", "/generate_stream"):
+        response = http.post(route, json={"inputs": PROMPT, "parameters": {"grammar": grammar}})
+        assert response.status_code == 422, response.text
+        body = response.json()
+        assert body["error_type"] == "validation"
+        assert body["error"].startswith("grammar is not valid: "), body
+    assert tgi.generate(PROMPT, max_new_tokens=2).generated_text  # the engine still serves

@@ -14,14 +14,17 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer as RawTokenizer
 from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
+from backends.base import GenerationRequest
 from backends.native.default_model import default_model_path
 from backends.native.loader import load_checkpoint
+from backends.native.prompt_checks import encode_request
 from backends.native.tokenizer import (
     ChatTemplateError,
     IncrementalDetokenizer,
     StopChecker,
     Tokenizer,
 )
+from gateway.openai.tools import plan_tools
 
 torch.set_num_threads(1)
 
@@ -185,6 +188,71 @@ def test_chat_template_errors(tiny: Tokenizer, tiny_dir: Path) -> None:
 def test_default_template_rejects_bad_roles(smol: Tokenizer) -> None:
     with pytest.raises(ChatTemplateError):
         smol.encode_chat([{"role": "user"}])
+
+
+# ---- Tools in the chat template ----------------------------------------------------------
+
+TOOLS_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\nTools:{% for t in tools %} {{ t.function.name }}"
+    "{{ t.function.parameters | tojson }}{% endfor %}<|im_end|>\n{% endif %}"
+    "{%- for m in messages %}<|im_start|>{{ m.role }}\n{% if m.content %}{{ m.content }}"
+    "{% endif %}{% for c in m.tool_calls or [] %}<tool_call>"
+    "{{ {'name': c.function.name, 'arguments': c.function.arguments} | tojson }}</tool_call>"
+    "{% endfor %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+TOOL_HISTORY = [
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function", "function": {
+        "name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "18C and sunny"},
+]
+
+
+def test_a_template_with_tools_receives_them(tiny_dir: Path) -> None:
+    hf = transformers.AutoTokenizer.from_pretrained(tiny_dir)
+    hf.chat_template = TOOLS_TEMPLATE
+    tok = Tokenizer(hf)
+    plan = plan_tools([WEATHER], "auto", True, TOOLS_TEMPLATE)
+    assert plan.tools == [WEATHER]
+    messages = plan.template_messages(TOOL_HISTORY)
+    expected = hf.apply_chat_template(messages, tools=plan.tools, add_generation_prompt=True,
+                                      tokenize=True, return_dict=False)
+    ids = tok.encode_chat(messages, tools=plan.tools)
+    assert ids == expected
+    request = GenerationRequest("r", messages=messages, tools=plan.tools)
+    assert encode_request(tok, request) == expected
+    text = tok.decode(ids, skip_special_tokens=False)
+    assert 'Tools: get_weather{"type": "object", "properties": {"city": {"type": ' in text
+    assert '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}' in text
+    assert "<|im_start|>tool\n18C and sunny" in text
+    without = tok.encode_chat(messages)
+    assert without != ids and "Tools:" not in tok.decode(without)
+
+
+def test_default_model_renders_a_folded_tool_history(
+    smol: Tokenizer, smol_reference: transformers.PreTrainedTokenizerBase
+) -> None:
+    """SmolLM2's template knows nothing of tools: a call without content breaks it, so the
+    plan writes definitions, calls and results as text it can render."""
+    with pytest.raises(ChatTemplateError):
+        smol.encode_chat(TOOL_HISTORY)
+    plan = plan_tools([WEATHER], "auto", True, smol.chat_template)
+    assert plan.tools is None and not plan.native
+    messages = plan.template_messages(TOOL_HISTORY)
+    ids = smol.encode_chat(messages, tools=plan.tools)
+    assert ids == smol_reference.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    text = smol.decode(ids, skip_special_tokens=False)
+    assert text.startswith("<|im_start|>system\n# Tools\n")
+    assert '"name": "get_weather"' in text and "SmolLM" not in text
+    assert ('<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": '
+            '{"city": "Paris"}}\n</tool_call><|im_end|>') in text
+    assert ("<|im_start|>user\n<tool_response>\n18C and sunny\n</tool_response><|im_end|>\n"
+            "<|im_start|>assistant\n") in text
 
 
 # ---- IncrementalDetokenizer --------------------------------------------------------------

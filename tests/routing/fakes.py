@@ -12,6 +12,7 @@ from backends.base import (
     GenerationRequest,
     Health,
     ModelInfo,
+    RequestError,
     TokenInfo,
     Usage,
 )
@@ -27,9 +28,11 @@ class Clock:
 
 @dataclass
 class FakeBackend:
-    """Yields `tokens` events of its own `name`; `fail_open` raises before the first one,
-    `fail_after` after the first one; `gate` (when set) holds each request after its first
-    event until it is set."""
+    """Yields `tokens` events of its own `name` per choice (`n` choices, interleaved, each
+    finishing on its own last event; choice `error_choice`, when set, finishes with "error");
+    `fail_open` raises before the first one, `fail_after` after the first one; `gate` (when
+    set) holds each request after its first event until it is set. `detokenize` spells ids
+    as `<id>` pieces and refuses negative ones."""
 
     name: str
     tokens: int = 3
@@ -37,6 +40,7 @@ class FakeBackend:
     fail_after: Exception | None = None
     ready: bool = True
     gate: asyncio.Event | None = None
+    error_choice: int | None = None
     calls: int = 0
     closed_early: int = 0
     health_calls: int = 0
@@ -65,22 +69,29 @@ class FakeBackend:
     def tokenize(self, req: GenerationRequest) -> list[int]:
         return [1, 2, 3]
 
+    def detokenize(self, token_ids: list[int]) -> str:
+        if any(t < 0 for t in token_ids):
+            raise RequestError("token ids must be within the vocabulary", param="tokens")
+        return "".join(f"<{t}>" for t in token_ids)
+
     def generate(self, req: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         self.calls += 1
-        return self._events()
+        return self._events(req.sampling.n)
 
-    async def _events(self) -> AsyncIterator[GenerationEvent]:
+    async def _events(self, n: int) -> AsyncIterator[GenerationEvent]:
         finished = False
         try:
             if self.fail_open is not None:
                 raise self.fail_open
             for i in range(self.tokens):
                 last = i == self.tokens - 1
-                yield GenerationEvent(
-                    text=self.name, tokens=(TokenInfo(i, self.name),),
-                    finish_reason="length" if last else None,
-                    usage=Usage(5, self.tokens) if last else None)
-                finished = last
+                for choice in range(n):
+                    reason = "error" if choice == self.error_choice else "length"
+                    yield GenerationEvent(
+                        text=self.name, tokens=(TokenInfo(i, self.name),),
+                        finish_reason=reason if last else None,
+                        usage=Usage(5, self.tokens) if last else None, index=choice)
+                    finished = last and choice == n - 1
                 if i == 0 and self.fail_after is not None:
                     raise self.fail_after
                 if i == 0 and self.gate is not None:

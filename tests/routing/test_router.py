@@ -12,6 +12,7 @@ from backends.base import (
     GenerationEvent,
     GenerationRequest,
     RequestError,
+    SamplingParams,
 )
 from routing import (
     Deployment,
@@ -206,3 +207,51 @@ def test_tokenize_needs_a_backend_that_can() -> None:
     with pytest.raises(RequestError) as caught:
         _router(NoTokenizer("b")).tokenize(req)
     assert caught.value.param == "truncate"
+
+
+def _n_request(n: int, rid: str = "n") -> GenerationRequest:
+    return GenerationRequest(request_id=rid, prompt="x", sampling=SamplingParams(n=n))
+
+
+async def test_n_choices_pass_through_until_every_choice_finished() -> None:
+    router = _router(FakeBackend("multi", tokens=3))
+    events = [e async for e in router.generate(_n_request(3))]
+    finishes = [(e.index, e.finish_reason) for e in events if e.finish_reason]
+    assert finishes == [(0, "length"), (1, "length"), (2, "length")]  # not cut at the first
+    for choice in range(3):
+        mine = [e for e in events if e.index == choice]
+        assert len(mine) == 3 and mine[-1].usage is not None
+    assert _outcomes(router, "multi") == {"success": 1}
+    assert router.deployments[0].in_flight == 0
+
+
+async def test_one_choice_ending_in_error_fails_the_deployment() -> None:
+    router = _router(FakeBackend("half", tokens=2, error_choice=1))
+    events = [e async for e in router.generate(_n_request(2))]
+    assert [e.finish_reason for e in events if e.finish_reason] == ["length", "error"]
+    assert _outcomes(router, "half") == {"failure": 1}
+
+
+async def test_a_client_leaving_before_every_choice_finished_counts_nothing() -> None:
+    router = _router(FakeBackend("multi", tokens=2))
+    stream = router.generate(_n_request(2))
+    seen = []
+    async for event in stream:
+        seen.append(event)
+        if event.finish_reason is not None:  # choice 0 finished; choice 1 not yet
+            break
+    await stream.aclose()
+    assert seen[-1].index == 0 and router.deployments[0].in_flight == 0
+    assert sum(router.deployments[0].stats.outcomes.values()) == 0
+
+
+def test_detokenize_goes_to_the_best_deployment_and_needs_one_that_can() -> None:
+    class NoDetokenizer(FakeBackend):
+        detokenize = None  # type: ignore[assignment]
+
+    assert _router(FakeBackend("a")).detokenize([3, 4]) == "<3><4>"
+    with pytest.raises(RequestError, match="vocabulary"):
+        _router(FakeBackend("a")).detokenize([-1])
+    with pytest.raises(RequestError) as caught:
+        _router(NoDetokenizer("b")).detokenize([1])
+    assert caught.value.status_code == 400
