@@ -195,9 +195,9 @@ class ModelRouter:
 
     def tokenize(self, req: GenerationRequest) -> list[int]:
         tokenize = getattr(self.preferred().backend, "tokenize", None)
-        if tokenize is None:  # optional for a backend; only TGI's `truncate` needs it
-            raise RequestError("this model's backend cannot tokenize, so `truncate` is not "
-                               "supported", param="truncate")
+        if tokenize is None:  # optional for a backend: /tokenize and TGI's `truncate` need it
+            raise RequestError("this model's backend cannot tokenize (needed by /tokenize and "
+                               "TGI's `truncate`)")
         return tokenize(req)
 
     def detokenize(self, token_ids: list[int]) -> str:

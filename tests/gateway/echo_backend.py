@@ -51,7 +51,8 @@ WORDS = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "
 
 def prompt_text(req: GenerationRequest) -> str:
     if req.messages is not None:
-        return " ".join(str(m["content"]) for m in req.messages)
+        # An assistant message that only calls tools has no content.
+        return " ".join(str(m.get("content") or "") for m in req.messages)
     return req.prompt or ""
 
 
