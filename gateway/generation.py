@@ -143,19 +143,6 @@ def finish_error(reason: str) -> OpenAIError:
                        code="generation_error")
 
 
-def observe(gen: Generation, event: GenerationEvent, into: Collected) -> bool:
-    """Fold one event of a single-choice generation into `into`; True when it was the last."""
-    gen.trace.event(bool(event.text or event.tokens))
-    return into.add(event)
-
-
-def final_usage(gen: Generation, got: Collected) -> Usage:
-    if got.usage is not None:
-        return got.usage
-    # The contract puts usage on the last event; recount if a backend forgot.
-    return Usage(gen.backend.count_tokens(gen.request), len(got.tokens))
-
-
 async def gather_choices(gen: Generation) -> tuple[Choices, Usage]:
     """Every event of a non-streamed generation, by choice, and the usage of them all
     (recorded in the metrics once)."""

@@ -26,9 +26,7 @@ from gateway.generation import (
     Generation,
     as_openai_error,
     close_events,
-    final_usage,
     finish_error,
-    observe,
     sse,
 )
 from gateway.tgi.best_of import best_choice
@@ -172,11 +170,12 @@ def _split(tokens: Sequence[TokenInfo], last: bool) -> tuple[Sequence[TokenInfo]
 
 async def stream_events(gen: Generation, view: TGIView) -> AsyncIterator[bytes]:
     """SSE frames, one per token; a failure after the start is an `{"error": ...}` event."""
-    got, index = Collected(), 0
+    choices, index = Choices(1), 0
+    got = choices.items[0]
     try:
         event, final = gen.first, None
         while event is not None:
-            last = observe(gen, event, got)
+            last = choices.add(gen, event)
             now, final = _split(event.tokens, last)
             for token in now:
                 index += 1
@@ -190,7 +189,7 @@ async def stream_events(gen: Generation, view: TGIView) -> AsyncIterator[bytes]:
             gen.trace.failed("incomplete" if error is None else err.failure_kind())
             yield sse(_tgi_stream_error(err))
             return
-        usage = final_usage(gen, got)
+        usage = choices.usage(gen)
         gen.trace.finished(usage, got.last.timings if got.last else None)
         yield sse(_last_event(index + 1, final, got, usage, view))
     except Exception as exc:
