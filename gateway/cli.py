@@ -47,6 +47,8 @@ _FLAGS: tuple[tuple[tuple[str, ...], str, type, str], ...] = (
      "without chunked prefill: decode steps after which waiting requests join anyway"),
     (("--prefix-caching",), "prefix_caching", str, "true (default) | false"),
     (("--compile",), "compile", str, "torch.compile the decode attention: true (default) | false"),
+    (("--prepack-weights",), "prepack_weights", str,
+     "CPU: dense weights prepacked for oneDNN at load: true (default) | false"),
     (("--cache-dir",), "cache_dir", str,
      "startup cache (GGUF metadata, tokenizer, packed weights, compiled kernels); "
      "default ~/.cache/switchyard, 'none' turns it off"),

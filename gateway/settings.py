@@ -38,7 +38,8 @@ _ENGINE_FIELDS = (
     "dtype", "device", "max_input_tokens", "max_total_tokens", "max_batch_size",
     "max_batch_prefill_tokens", "max_batch_total_tokens", "kv_cache_memory", "block_size",
     "num_threads", "max_concurrent_requests", "waiting_served_ratio", "max_waiting_tokens",
-    "chunked_prefill", "prefix_caching", "compile", "quantize", "quantized_kernels", "cache_dir",
+    "chunked_prefill", "prefix_caching", "compile", "prepack_weights", "quantize",
+    "quantized_kernels", "cache_dir",
 )
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
@@ -91,6 +92,7 @@ class Settings(BaseSettings):
     chunked_prefill: bool | None = None
     prefix_caching: bool | None = None
     compile: bool | None = None
+    prepack_weights: bool | None = None
     # the native engine's startup cache; unset: ~/.cache/switchyard (backends/registry.py)
     cache_dir: str | None = None
 

@@ -23,6 +23,8 @@ class EngineConfig:
     num_threads: int | None = None  # torch intra-op threads; None: torch's default
     seed: int = 0
     compile: bool = True  # torch.compile the decode attention kernel
+    # CPU: dense linears through oneDNN with weights prepacked once at load (cpu_linear.py)
+    prepack_weights: bool = True
     max_concurrent_requests: int = 128  # admission: beyond it, 429 at once
     chunked_prefill: bool = True
     prefix_caching: bool = True

@@ -16,6 +16,7 @@ from backends.native import weight_cache
 from backends.native.attention import KVCache
 from backends.native.config import EngineConfig
 from backends.native.cpu_dtype import DtypeChoice, choose_dtype, machine_key
+from backends.native.cpu_linear import can_prepack, prepack_linears
 from backends.native.default_model import resolve_model_path
 from backends.native.loader import Checkpoint, load_checkpoint
 from backends.native.model_support import check_supported
@@ -82,6 +83,9 @@ def load_model(config: EngineConfig) -> LoadedModel:
     with stages.stage("weights") as stage:
         model, linears, stage["cached"] = _build_and_load(
             config, checkpoint, cache, quant, max_total, device, dtype)
+    if config.prepack_weights and can_prepack(device, dtype):
+        with stages.stage("prepack weights"):
+            prepack_linears(model)
     with stages.stage("tokenizer") as stage:
         tokenizer = Tokenizer.from_checkpoint(checkpoint, cache)
         stage["cached"] = tokenizer.from_cache
