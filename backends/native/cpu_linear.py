@@ -81,7 +81,7 @@ def prepack_linears(model: nn.Module) -> int:
     for name, module in targets:
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, attr, PrepackedLinear(module))
+        setattr(parent, attr, PrepackedLinear(module).train(module.training))
     return len(targets)
 
 
