@@ -13,6 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from backends.native.cpu_linear import PrepackedLinear
 from backends.quantized.config import GPTQConfig, QuantizationError, resolve_quantization
 from tests.quantized.helpers import (
     LOGIT_TOLERANCE,
@@ -87,7 +88,7 @@ def excluded(tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> P
 def test_excluded_module_loads_dense(excluded: Path) -> None:
     engine = make_engine(excluded)
     module = engine.loaded.model.get_submodule(DOWN)
-    assert isinstance(module, torch.nn.Linear) and module.weight.dtype == torch.bfloat16
+    assert isinstance(module, PrepackedLinear) and module.dtype == torch.bfloat16  # dense
     assert "per-module rules: 1" in engine.loaded.quantization
     prompt = reference(GPTQ)["prompt"].tolist()
     tokens, logits = native_greedy(engine, prompt)
