@@ -120,6 +120,8 @@ def time_phases(engine: Any, steps: int) -> dict[str, float]:
     clock.wrap(engine.scheduler, "schedule", "schedule")
     clock.wrap(engine.runner, "prepare", "prepare")
     clock.wrap(engine.runner.model, "forward", "forward")
+    if engine.runner.decode_step is not None:  # the compiled whole-step graph
+        clock.wrap(engine.runner.decode_step, "run", "forward")
     clock.wrap(engine, "_append", "append")
     import backends.native.engine as engine_module
 
@@ -132,8 +134,9 @@ def time_phases(engine: Any, steps: int) -> dict[str, float]:
     finally:
         engine_module.sample = original_sample
         for owner, name in ((engine.scheduler, "schedule"), (engine.runner, "prepare"),
-                            (engine.runner.model, "forward"), (engine, "_append")):
-            del owner.__dict__[name]
+                            (engine.runner.model, "forward"), (engine, "_append"),
+                            (engine.runner.decode_step, "run")):
+            owner.__dict__.pop(name, None)
     total = time.perf_counter() - start
     per_step = {k: v / steps * 1000 for k, v in clock.seconds.items()}
     per_step["other"] = total / steps * 1000 - sum(per_step.values())

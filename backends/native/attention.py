@@ -38,6 +38,17 @@ class AttentionMetadata:
     compiled: bool = False  # decode through the torch.compile'd fused kernel
 
 
+@dataclass
+class DecodeMetadata:
+    """A step where every row decodes, run as one compiled graph (`compiled_step.py`): tensors
+    only, so that the graph's guards see shapes, never Python values that change per step."""
+
+    slot_blocks: torch.Tensor  # [B]
+    slot_offsets: torch.Tensor  # [B]
+    block_tables: torch.Tensor  # [B, max_blocks >= 2] (padded with block 0; masked)
+    mask: torch.Tensor  # [B, max_blocks*block_size] additive, float32
+
+
 class KVCache:
     """Per-layer K and V tensors shaped [num_blocks, kv_heads, block_size, head_dim].
 
@@ -69,12 +80,14 @@ class KVCache:
 
 
 def paged_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-    k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+    v_cache: torch.Tensor, meta: AttentionMetadata | DecodeMetadata, scale: float,
 ) -> torch.Tensor:
     """q [T, H, D], k/v [T, KVH, D] (new tokens) -> [T, H, D]. Writes k/v into the cache."""
     k_cache[meta.slot_blocks, :, meta.slot_offsets] = k
     v_cache[meta.slot_blocks, :, meta.slot_offsets] = v
+    if isinstance(meta, DecodeMetadata):  # traced into the whole-step graph: no nested compile
+        return _decode_fused(q, k_cache, v_cache, meta.block_tables, meta.mask, scale)
     parts = []
     if meta.num_decode:
         parts.append(_decode_attention(q[: meta.num_decode], k_cache, v_cache, meta, scale))
@@ -84,6 +97,14 @@ def paged_attention(
             _prefill_attention(q[rows], k[rows], v[rows], k_cache, v_cache, chunk, scale)
         )
     return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def decode_mask(starts: torch.Tensor, ends: torch.Tensor, length: int) -> torch.Tensor:
+    """Additive float32 [B, length] mask: 0 at the positions [start, end) of each row."""
+    position = torch.arange(length, device=starts.device).unsqueeze(0)
+    allowed = (position >= starts.unsqueeze(1)) & (position < ends.unsqueeze(1))
+    mask = torch.zeros(allowed.shape, dtype=torch.float32, device=starts.device)
+    return mask.masked_fill(~allowed, float("-inf"))
 
 
 def _gather(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,9 @@ and 1.3-4x faster at 1-64 rows on both CPU kinds (bench/linear_kernels.py). The 
 replaces the plain one: no second copy stays resident (a tied lm_head keeps the embedding's).
 
 The call goes through a custom op that looks the packed weight up by handle, because an
-opaque oneDNN tensor cannot be traced: torch.compile sees the op as a black box.
+opaque oneDNN tensor cannot be traced: torch.compile sees the op as a black box. The handle
+is a tensor, not an int, so that one compiled decoder layer serves every layer
+(compiled_step.py): a Python int on a module would be guarded, one graph per layer.
 """
 
 from __future__ import annotations
@@ -28,13 +30,16 @@ _packed_weights: list[torch.Tensor] = []  # handle -> the oneDNN tensor (one per
 
 @torch.library.custom_op("switchyard::prepacked_linear", mutates_args=())
 def prepacked_linear(
-    x: torch.Tensor, handle: int, out_features: int, bias: torch.Tensor | None,
+    x: torch.Tensor, handle: torch.Tensor, out_features: int, bias: torch.Tensor | None,
 ) -> torch.Tensor:
-    return torch.ops.mkldnn._linear_pointwise(x, _packed_weights[handle], bias, "none", [], "")
+    weight = _packed_weights[int(handle)]
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
 @prepacked_linear.register_fake
-def _(x: torch.Tensor, handle: int, out_features: int, bias: torch.Tensor | None) -> torch.Tensor:
+def _(
+    x: torch.Tensor, handle: torch.Tensor, out_features: int, bias: torch.Tensor | None,
+) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], out_features))
 
 
@@ -51,7 +56,7 @@ class PrepackedLinear(nn.Module):
         bias = linear.bias
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
         packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), BATCH_HINT)
-        self.handle = len(_packed_weights)
+        self.register_buffer("handle", torch.tensor(len(_packed_weights)), persistent=False)
         _packed_weights.append(packed)
         self._bytes = weight.numel() * weight.element_size()
 

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from backends.native.attention import AttentionMetadata, KVCache, PrefillChunk
+from backends.native.attention import AttentionMetadata, KVCache, PrefillChunk, decode_mask
+from backends.native.compiled_step import CompiledDecodeStep
 from backends.native.scheduler import ScheduledBatch
 from backends.native.sequence import Sequence
 
@@ -24,7 +25,7 @@ class StepInputs:
 class ModelRunner:
     def __init__(
         self, model: nn.Module, kv_cache: KVCache, device: torch.device,
-        sliding_window: int | None, compiled: bool = False,
+        sliding_window: int | None, compiled: bool = False, whole_step: bool = False,
     ) -> None:
         self.model = model
         self.kv_cache = kv_cache
@@ -32,6 +33,12 @@ class ModelRunner:
         self.device = device
         self.sliding_window = sliding_window
         self.compiled = compiled
+        # Decode-only steps: the forward as compiled regions (mixed steps stay eager, with the
+        # compiled decode attention kernel).
+        self.decode_step = (
+            CompiledDecodeStep(model, kv_cache, sliding_window, device)
+            if whole_step and hasattr(model, "embed") and hasattr(model, "logits") else None
+        )
 
     @torch.inference_mode()
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
@@ -43,11 +50,24 @@ class ModelRunner:
         """Run one step; returns logits [S + P, V] and the S sequences that sample: row i < S
         samples for sequence i, the P rows after them are `batch.prompt_spans()`' positions
         in order (prompt logprobs)."""
+        if self._decode_only(batch):
+            assert self.decode_step is not None
+            logits = self.decode_step.run(batch.seqs)
+            if logits is not None:
+                return logits, list(batch.seqs)
         inputs = self.prepare(batch)
         logits = self.model(
             inputs.input_ids, inputs.positions, self.kv_cache, inputs.meta, inputs.logits_indices
         )
         return logits, inputs.sampling_seqs
+
+    def _decode_only(self, batch: ScheduledBatch) -> bool:
+        """Every row decodes one token and samples (no prompt chunk; a row that samples has
+        no prompt position left whose logprobs could be asked)."""
+        if self.decode_step is None or self.decode_step.broken:
+            return False
+        return (all(n == 1 for n in batch.num_tokens)
+                and all(batch.samples(i) for i in range(len(batch.seqs))))
 
     def prepare(self, batch: ScheduledBatch) -> StepInputs:
         order = sorted(range(len(batch.seqs)), key=lambda i: batch.num_tokens[i] != 1)
@@ -112,11 +132,8 @@ class ModelRunner:
 
     def _decode_mask(self, spans: list[tuple[int, int]], max_blocks: int) -> torch.Tensor:
         """Additive [B, max_blocks * block_size] mask: 0 inside each span, -inf elsewhere."""
-        position = torch.arange(max_blocks * self.block_size, device=self.device).unsqueeze(0)
-        starts, ends = (self._tensor(list(col)).unsqueeze(1) for col in zip(*spans, strict=True))
-        allowed = (position >= starts) & (position < ends)
-        mask = torch.zeros(allowed.shape, dtype=torch.float32, device=self.device)
-        return mask.masked_fill_(~allowed, float("-inf"))
+        starts, ends = (self._tensor(list(col)) for col in zip(*spans, strict=True))
+        return decode_mask(starts, ends, max_blocks * self.block_size)
 
     def _prefill_chunk(self, seq: Sequence, start: int, n: int) -> PrefillChunk:
         computed = seq.num_computed_tokens

@@ -14,7 +14,12 @@ from torch import nn
 from transformers import PretrainedConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from backends.native.attention import AttentionMetadata, KVCache, paged_attention
+from backends.native.attention import (
+    AttentionMetadata,
+    DecodeMetadata,
+    KVCache,
+    paged_attention,
+)
 from backends.native.model_support import rope_type
 
 if TYPE_CHECKING:
@@ -121,7 +126,7 @@ class LlamaAttention(nn.Module):
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-        k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+        k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata | DecodeMetadata,
     ) -> torch.Tensor:
         t = x.shape[0]
         q, k, v = self.qkv_proj(x).split(self.qkv_proj.shards, dim=-1)
@@ -154,7 +159,7 @@ class LlamaDecoderLayer(nn.Module):
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-        k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+        k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata | DecodeMetadata,
     ) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_cache, v_cache, meta)
         return x + self.mlp(self.post_attention_layernorm(x))
@@ -193,12 +198,22 @@ class LlamaForCausalLM(nn.Module):
         meta: AttentionMetadata, logits_indices: torch.Tensor,
     ) -> torch.Tensor:
         """Returns float32 logits for the rows in `logits_indices` only."""
-        x = self.model.embed_tokens(input_ids)
-        cos, sin = self.model.rotary(positions, x.dtype)
+        x, cos, sin = self.embed(input_ids, positions)
         for i, layer in enumerate(self.model.layers):
             x = layer(x, cos, sin, kv_cache.k[i], kv_cache.v[i], meta)
-        x = self.model.norm(x.index_select(0, logits_indices))
-        return self.lm_head(x).float()
+        return self.logits(x.index_select(0, logits_indices))
+
+    def embed(
+        self, input_ids: torch.Tensor, positions: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The first layer's input and the rotary cos / sin of `positions`."""
+        x = self.model.embed_tokens(input_ids)
+        cos, sin = self.model.rotary(positions, x.dtype)
+        return x, cos, sin
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Float32 logits of the last layer's output rows."""
+        return self.lm_head(self.model.norm(x)).float()
 
     def quantizable_linears(self, include_lm_head: bool = False) -> dict[str, list[str]]:
         """Module name -> the checkpoint prefixes it is read from (in shard order)."""

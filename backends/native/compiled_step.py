@@ -1,0 +1,179 @@
+"""The compiled decode step: when every row of a step decodes, the forward pass runs as three
+compiled regions (embedding + rotary + the step's attention metadata; one decoder layer;
+final norm + lm_head), so that a step pays a few guard checks instead of thousands of eager
+operator dispatches. The layer region is one graph that every decoder layer runs (its
+weights are graph inputs, not constants): compiling it costs one layer's compile, not the
+whole model's (a 30-layer whole-model graph took minutes to compile; this, seconds), and
+measured as fast per step.
+
+Shapes: one graph per region for batch 1 (dynamo specializes sizes of 1) and one with a
+dynamic batch for the rest; block tables are padded to at least two blocks (with block 0,
+masked out) so that their width stays dynamic. Row padding is never needed, so no padded row
+ever writes into the cache. Prepacked (`cpu_linear.PrepackedLinear`) and int4 Linears are
+custom ops the graph calls as they are.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import types
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch._dynamo
+import torch.fx.experimental._config as fx_config
+from torch import nn
+from torch._inductor.compile_fx import compile_fx
+
+from backends.native.attention import DecodeMetadata, KVCache, decode_mask
+from backends.native.sequence import Sequence as Seq
+
+log = logging.getLogger(__name__)
+
+MIN_BLOCKS = 2  # a table of one block would be a size-1 dimension: its own graph
+MAX_GRAPHS = 8  # per region: batch 1 and a dynamic batch, plus a layer that differs (GGUF)
+
+
+def _embed(
+    model: nn.Module, rows: torch.Tensor, block_size: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, DecodeMetadata]:
+    """rows [B, 4 + blocks]: token id, position, cache slot, first attended position, then
+    the block table of each row."""
+    ids, positions, slots, starts = rows[:, :4].unbind(1)
+    tables = rows[:, 4:]
+    meta = DecodeMetadata(
+        slots // block_size, slots % block_size, tables,
+        decode_mask(starts, positions + 1, tables.shape[1] * block_size),
+    )
+    x, cos, sin = model.embed(ids, positions)
+    return x, cos, sin, meta
+
+
+def _layer(
+    layer: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+    k_cache: torch.Tensor, v_cache: torch.Tensor, meta: DecodeMetadata,
+) -> torch.Tensor:
+    return layer(x, cos, sin, k_cache, v_cache, meta)
+
+
+def _logits(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return model.logits(x)
+
+
+def _own_copy(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` with a code object of its own: dynamo keeps its compiled graphs (and counts them
+    against its recompile limit) per code object, so each engine gets a cache that holds only
+    its own graphs and dies with it."""
+    code = fn.__code__.replace(co_name=fn.__code__.co_name)
+    return types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__)
+
+
+class GraphCompiler:
+    """The dynamo backend: inductor, counting and logging each graph. It holds no tensors:
+    dynamo keeps every backend for the life of the process."""
+
+    def __init__(self) -> None:
+        self.num_graphs = 0
+        self.seconds = 0.0
+        self.shape = (0, 0)  # (batch, blocks) of the call being run, for the log
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        start = time.perf_counter()
+        compiled = compile_fx(gm, example_inputs)
+        seconds = time.perf_counter() - start
+        self.num_graphs += 1
+        self.seconds += seconds
+        batch, blocks = self.shape
+        log.info("compiled decode step region %d (batch %s, %d blocks; dynamic blocks): %.2fs",
+                 self.num_graphs, batch if batch == 1 else f"{batch}, dynamic", blocks, seconds)
+        return compiled
+
+
+class CompiledDecodeStep:
+    """Runs decode-only steps through the compiled regions; `broken` once a compile failed
+    (the runner then keeps to the eager path)."""
+
+    def __init__(
+        self, model: nn.Module, kv_cache: KVCache, sliding_window: int | None,
+        device: torch.device,
+    ) -> None:
+        self.model, self.kv_cache = model, kv_cache
+        self.block_size = kv_cache.block_size
+        self.sliding_window, self.device = sliding_window, device
+        self.compiler = GraphCompiler()
+        self.broken = False
+        for cache in (*kv_cache.k, *kv_cache.v):  # fixed for the engine's life
+            torch._dynamo.mark_static(cache)
+        # Past MAX_GRAPHS a region fails to compile and the engine decodes eagerly.
+        self._embed, self._layer, self._logits = (
+            torch.compile(_own_copy(fn), dynamic=False, fullgraph=True, backend=self.compiler,
+                          recompile_limit=MAX_GRAPHS)
+            for fn in (_embed, _layer, _logits)
+        )
+
+    @property
+    def num_graphs(self) -> int:
+        return self.compiler.num_graphs
+
+    def run(self, seqs: Sequence[Seq]) -> torch.Tensor | None:
+        """Float32 logits [B, V] (row i samples for seqs[i]); None if a region cannot be
+        compiled (logged once). Layers before a failed one have written this step's K/V: the
+        eager step that follows writes the same slots again."""
+        rows = self._inputs(seqs)
+        batch_dims = () if rows.shape[0] == 1 else (0,)  # batch 1 gets graphs of its own
+        _dynamic(rows, *batch_dims, 1)
+        try:
+            with _tracing_config():
+                return self._forward(rows, batch_dims)
+        except (torch._dynamo.exc.TorchDynamoException,
+                torch._dynamo.exc.FailOnRecompileLimitHit) as exc:
+            log.error("compiled decode step unavailable, decoding eagerly: %s",
+                      str(exc).splitlines()[0])
+            self.broken = True
+            return None
+
+    def _forward(self, rows: torch.Tensor, batch_dims: tuple[int, ...]) -> torch.Tensor:
+        x, cos, sin, meta = self._embed(self.model, rows, self.block_size)
+        for tensor in (x, cos, sin, meta.slot_blocks, meta.slot_offsets):
+            _dynamic(tensor, *batch_dims)
+        for tensor in (meta.block_tables, meta.mask):
+            _dynamic(tensor, *batch_dims, 1)
+        k_caches, v_caches = self.kv_cache.k, self.kv_cache.v
+        for i, layer in enumerate(self.model.model.layers):
+            x = self._layer(layer, x, cos, sin, k_caches[i], v_caches[i], meta)
+        return self._logits(self.model, x)
+
+    def _inputs(self, seqs: Sequence[Seq]) -> torch.Tensor:
+        bs, window = self.block_size, self.sliding_window
+        width = max(MIN_BLOCKS, max(s.num_computed_tokens // bs + 1 for s in seqs))
+        rows = []
+        for seq in seqs:
+            position = seq.num_computed_tokens
+            table = seq.block_table[:width]
+            rows.append([
+                seq.token_ids[position], position, table[position // bs] * bs + position % bs,
+                max(0, position + 1 - window) if window else 0,
+                *table, *[0] * (width - len(table)),
+            ])
+        self.compiler.shape = (len(rows), width)
+        return torch.tensor(rows, dtype=torch.long, device=self.device)
+
+
+def _dynamic(tensor: torch.Tensor, *dims: int) -> None:
+    for dim in dims:
+        torch._dynamo.mark_dynamic(tensor, dim)
+
+
+@contextmanager
+def _tracing_config() -> Iterator[None]:
+    """No duck shapes while tracing: a batch size equal to the table's width must not tie
+    the two. A plain attribute set: `config.patch` costs ~50 us a step."""
+    saved = fx_config.use_duck_shape
+    fx_config.use_duck_shape = False
+    try:
+        yield
+    finally:
+        fx_config.use_duck_shape = saved
