@@ -6,9 +6,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, PositiveInt, model_validator
+from pydantic import BaseModel, ConfigDict, model_validator
 
-from auth.keys import Duration, Instant, KeyOptions, KeyRecord, mint
+from auth.keys import Duration, Instant, KeyOptions, KeyRecord, Limit, Period, mint
 from auth.limits import Limiter, Limits
 from auth.store import KeyStore
 
@@ -38,11 +38,11 @@ class KeyChanges(BaseModel):
 
     name: str | None = None
     models: list[str] | None = None
-    rpm: PositiveInt | None = None
-    tpm: PositiveInt | None = None
-    parallel: PositiveInt | None = None
-    budget: PositiveInt | None = None
-    budget_period: Duration = None
+    rpm: Limit | None = None
+    tpm: Limit | None = None
+    parallel: Limit | None = None
+    budget: Limit | None = None
+    budget_period: Period = None
     expires_at: Instant = None
     disabled: bool | None = None
 

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import re
 import secrets
 import time
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PositiveInt, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 KEY_PREFIX = "sk-sy-"
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -38,20 +39,34 @@ def same_hash(a: str, b: str) -> bool:
     return hmac.compare_digest(a.encode("ascii"), b.encode("ascii"))
 
 
+def _finite(value: float) -> float:
+    """A float a JSON answer (and Redis) can hold; huge ints overflow, inf and NaN are none."""
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number):
+        raise ValueError(f"{str(value)[:40]} is out of range")
+    return number
+
+
 def parse_duration(value: Any) -> float | None:
     """Seconds from a number or `90s`, `15m`, `12h`, `30d`, `1w` (None stays None)."""
     if value is None or (isinstance(value, int | float) and not isinstance(value, bool)):
-        return None if value is None else float(value)
+        return None if value is None else _finite(value)
     match = _DURATION.match(str(value))
     if not match:
         raise ValueError(f"not a duration: {value!r} (examples: 3600, 90s, 15m, 12h, 30d, 1w)")
-    return float(match.group(1)) * _SECONDS[(match.group(2) or "s").lower()]
+    seconds = float(match.group(1)) * _SECONDS[(match.group(2) or "s").lower()]
+    if not math.isfinite(seconds):
+        raise ValueError(f"duration {str(value)[:40]} is out of range")
+    return seconds
 
 
 def parse_instant(value: Any) -> float | None:
     """Epoch seconds from a number or an ISO 8601 date/time (naive means UTC)."""
     if value is None or (isinstance(value, int | float) and not isinstance(value, bool)):
-        return None if value is None else float(value)
+        return None if value is None else _finite(value)
     if isinstance(value, datetime):
         moment = value
     else:
@@ -63,6 +78,13 @@ def parse_instant(value: Any) -> float | None:
 
 # "30d", "1h" or seconds; an ISO date or a Unix time. Shared by key records and updates.
 Duration = Annotated[Annotated[float, Field(gt=0)] | None, BeforeValidator(parse_duration)]
+# Limits are counted in Redis's Lua (doubles: exact below 2**53); a budget period shorter
+# than a second or past a century cannot be windowed.
+MAX_LIMIT = 2**53
+MAX_PERIOD_S = 100 * 365 * 86400.0
+Limit = Annotated[int, Field(ge=1, le=MAX_LIMIT)]
+Period = Annotated[Annotated[float, Field(ge=1, le=MAX_PERIOD_S)] | None,
+                   BeforeValidator(parse_duration)]
 Instant = Annotated[float | None, BeforeValidator(parse_instant)]
 
 
@@ -77,11 +99,11 @@ class KeyOptions(BaseModel):
 
     name: str = ""
     models: list[str] | None = None  # None: every served model
-    rpm: PositiveInt | None = None
-    tpm: PositiveInt | None = None
-    parallel: PositiveInt | None = None
-    budget: PositiveInt | None = None
-    budget_period: Duration = None
+    rpm: Limit | None = None
+    tpm: Limit | None = None
+    parallel: Limit | None = None
+    budget: Limit | None = None
+    budget_period: Period = None
     expires_at: Instant = None
     disabled: bool = False
 

@@ -148,9 +148,40 @@ class GenerationEvent:
 
 
 @dataclass(frozen=True)
+class LoadStage:
+    """One stage of loading a model ("weights", "kv cache", "warm-up compile", ...)."""
+
+    name: str
+    seconds: float | None = None  # how long it took, once finished
+    cached: bool = False  # served from the startup cache
+    progress: float | None = None  # 0..1 while running, where the stage can tell
+    detail: str = ""
+
+    def report(self) -> dict[str, Any]:
+        return {"name": self.name, "seconds": self.seconds, "cached": self.cached,
+                "progress": self.progress, "detail": self.detail}
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    """Where a model's load stands: the stage running now (None between stages and once
+    loaded) and the finished ones with their timings."""
+
+    current: LoadStage | None
+    finished: tuple[LoadStage, ...] = ()
+    seconds: float = 0.0  # since loading began
+
+    def report(self) -> dict[str, Any]:
+        return {"stage": self.current.report() if self.current else None,
+                "stages": [s.report() for s in self.finished],
+                "seconds": round(self.seconds, 3)}
+
+
+@dataclass(frozen=True)
 class Health:
     ready: bool
     detail: str = ""
+    load: LoadReport | None = None  # a backend that loads a model: its load stages
 
 
 @dataclass(frozen=True)
@@ -178,10 +209,20 @@ class BackendStats:
     prefix_cache_queries: int = 0  # cumulative prompt blocks looked up
     prefix_cache_hits: int = 0  # cumulative prompt blocks found cached
     preemptions: int = 0  # cumulative
+    # Cumulative: requests refused with 429 for a full queue (--max-queued-requests /
+    # --max-queued-tokens), requests ended by --queue-timeout / --request-timeout, engine
+    # steps that raised, and requests failed by an engine error.
+    queue_rejections_requests: int = 0
+    queue_rejections_tokens: int = 0
+    queue_timeouts: int = 0
+    request_timeouts: int = 0
+    step_failures: int = 0
+    failed_requests: int = 0
 
 
 class RequestError(Exception):
-    """A client mistake found by the backend (e.g. prompt too long): becomes a 4xx.
+    """A client mistake found by the backend (e.g. prompt too long): becomes a 4xx; also a
+    refusal that is nobody's mistake (429 overloaded, 503 queue timeout, 504 request timeout).
 
     Raised by the generate() iterator before its first event, never after.
     """
@@ -189,6 +230,7 @@ class RequestError(Exception):
     def __init__(
         self, message: str, *, param: str | None = None, code: str | None = None,
         status_code: int = 400, error_type: str = "invalid_request_error",
+        retry_after: float | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -196,6 +238,7 @@ class RequestError(Exception):
         self.code = code
         self.status_code = status_code
         self.error_type = error_type
+        self.retry_after = retry_after  # seconds a 429 / 503 suggests waiting (Retry-After)
 
 
 class BackendUnavailable(Exception):

@@ -17,14 +17,18 @@ from auth.factory import build_access
 from backends.base import Backend
 from backends.registry import create_backend
 from gateway.admin.routes import router as admin_router
+from gateway.drain import Drain, DrainMiddleware
 from gateway.errors import install_error_handlers
 from gateway.generation import ClientDisconnected
+from gateway.limits import BodyLimitMiddleware
 from gateway.metrics import GatewayMetrics
 from gateway.middleware import CLIENT_CLOSED, MetricsMiddleware, set_status_label
 from gateway.models_file import DeploymentPlan
 from gateway.openai.models import router as models_router
 from gateway.openai.routes import router as openai_router
 from gateway.openai.tokenize_routes import router as tokenize_router
+from gateway.openapi import install_openapi
+from gateway.playground import router as playground_router
 from gateway.response_headers import ResponseHeadersMiddleware
 from gateway.service_routes import router as service_router
 from gateway.settings import Settings
@@ -172,7 +176,10 @@ def create_app(
     app.state.health_checker = checker
     install_error_handlers(app)
     app.add_exception_handler(ClientDisconnected, _client_disconnected)
+    app.state.drain = Drain()
     app.add_middleware(ResponseHeadersMiddleware)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_body_bytes)
+    app.add_middleware(DrainMiddleware, drain=app.state.drain)
     app.add_middleware(MetricsMiddleware, metrics=state.metrics)
     app.include_router(service_router)
     app.include_router(openai_router)
@@ -180,4 +187,7 @@ def create_app(
     app.include_router(models_router)
     app.include_router(admin_router)
     app.include_router(tgi_router)
+    if settings.playground:
+        app.include_router(playground_router)  # a static page; its API calls carry the key
+    install_openapi(app)
     return app

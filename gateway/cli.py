@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from backends.quantized.config import KERNEL_CHOICES
 from gateway.admin.cli_keys import add_auth_flags, add_keys_command, run_keys
+from gateway.log_format import configure_logging
 from gateway.settings import Settings
 
 # (flags, settings field, type, help)
@@ -41,18 +42,43 @@ _FLAGS: tuple[tuple[tuple[str, ...], str, type, str], ...] = (
      "KV cache budget: bytes (8GiB, 512M) or a fraction of free memory (0.9)"),
     (("--max-concurrent-requests",), "max_concurrent_requests", int,
      "requests in flight before new ones get 429"),
+    (("--max-queued-requests",), "max_queued_requests", int,
+     "requests waiting beyond the running batch before new ones get 429 (default: unbounded)"),
+    (("--max-queued-tokens",), "max_queued_tokens", int,
+     "prompt tokens waiting to be scheduled before new requests get 429 (default: unbounded)"),
+    (("--queue-timeout",), "queue_timeout", float,
+     "seconds a request may wait to be scheduled, then 503 (default: none)"),
+    (("--request-timeout",), "request_timeout", float,
+     "seconds a request may take in all, then it is stopped (default: none)"),
     (("--waiting-served-ratio",), "waiting_served_ratio", float,
      "without chunked prefill: waiting/running ratio that lets new requests join"),
     (("--max-waiting-tokens",), "max_waiting_tokens", int,
      "without chunked prefill: decode steps after which waiting requests join anyway"),
     (("--prefix-caching",), "prefix_caching", str, "true (default) | false"),
     (("--compile",), "compile", str, "torch.compile the decode attention: true (default) | false"),
+    (("--compile-decode-step",), "compile_decode_step", str,
+     "decode-only steps through compiled regions (faster decode, a few seconds more "
+     "at start): true (default) | false"),
     (("--prepack-weights",), "prepack_weights", str,
      "CPU: dense weights prepacked for oneDNN at load: true (default) | false"),
     (("--cache-dir",), "cache_dir", str,
      "startup cache (GGUF metadata, tokenizer, packed weights, compiled kernels); "
      "default ~/.cache/switchyard, 'none' turns it off"),
+    (("--max-request-body-bytes", "--payload-limit"), "max_request_body_bytes", str,
+     "largest request body (bytes, or 8MiB, 512K); larger ones get 413 (default 8MiB)"),
+    (("--max-messages",), "max_messages", int, "most chat messages in one request (default 2048)"),
+    (("--max-stop-sequences",), "max_stop_sequences", int,
+     "most stop strings in one request (default 4, as OpenAI and TGI)"),
+    (("--max-stop-length",), "max_stop_length", int,
+     "longest stop string in characters (default 512)"),
+    (("--max-output-tokens",), "max_output_tokens", int,
+     "most tokens a request may generate: a larger max_tokens / max_new_tokens is refused, "
+     "an omitted one is capped; default: only the model's --max-total-tokens bounds it"),
+    (("--shutdown-timeout",), "shutdown_timeout", float,
+     "seconds in-flight requests may finish after SIGTERM (default 30)"),
     (("--log-level",), "log_level", str, "critical | error | warning | info | debug"),
+    (("--log-format",), "log_format", str,
+     "text (default) | json: one JSON object per line, with an access line per request"),
 )
 
 
@@ -72,6 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-chunked-prefill", dest="chunked_prefill", action="store_false",
         default=argparse.SUPPRESS, help="prefill each prompt whole, in one step",
     )
+    serve.add_argument(
+        "--no-playground", dest="playground", action="store_false",
+        default=argparse.SUPPRESS, help="do not serve the chat page at /playground",
+    )
     add_auth_flags(serve)
     add_keys_command(commands)
     return parser
@@ -84,14 +114,10 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 
 
 def serve(settings: Settings) -> None:
-    import uvicorn
-
     from gateway.app import create_app
+    from gateway.drain import build_server
 
-    logging.basicConfig(
-        level=settings.log_level.upper() if settings.log_level != "trace" else "DEBUG",
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(settings.log_level, settings.log_format)
     failures: list[BaseException] = []
 
     def stop(exc: BaseException) -> None:
@@ -102,14 +128,21 @@ def serve(settings: Settings) -> None:
     try:
         app = create_app(settings, load_in_background=True, on_load_failure=stop)
     except ValueError as exc:  # the models file, or a backend's options (it names the field)
-        print(f"switchyard: invalid configuration: {exc}", file=sys.stderr)
+        _fail(settings, f"switchyard: invalid configuration: {exc}")
         raise SystemExit(2) from None
-    server = uvicorn.Server(uvicorn.Config(
-        app, host=settings.hostname, port=settings.port, log_level=settings.log_level))
+    server = build_server(app, settings)  # drains on SIGTERM (gateway/drain.py)
     server.run()
     if failures:
-        print(f"switchyard: a model could not be loaded: {failures[0]}", file=sys.stderr)
+        _fail(settings, f"switchyard: a model could not be loaded: {failures[0]}")
         raise SystemExit(1)
+
+
+def _fail(settings: Settings, message: str) -> None:
+    """A fatal message: a plain line, or a JSON record with --log-format json."""
+    if settings.log_format == "json":
+        logging.getLogger("switchyard.cli").critical("%s", message)
+    else:
+        print(message, file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

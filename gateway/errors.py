@@ -80,8 +80,12 @@ RETRY_AFTER_S = 1  # what an overloaded (429) or unready (503) answer suggests
 
 
 def from_request_error(exc: RequestError) -> OpenAIError:
-    """A backend's refusal; 429 (overloaded: --max-concurrent-requests) says when to retry."""
-    headers = {"Retry-After": str(RETRY_AFTER_S)} if exc.status_code == 429 else None
+    """A backend's refusal; a 429 (overloaded) or one with `retry_after` says when to retry."""
+    headers = None
+    if exc.retry_after is not None:
+        headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after)))}
+    elif exc.status_code == 429:
+        headers = {"Retry-After": str(RETRY_AFTER_S)}
     return OpenAIError(
         exc.status_code, exc.message, param=exc.param, code=exc.code, error_type=exc.error_type,
         headers=headers,

@@ -93,8 +93,20 @@ class Choices:
 
     def failure(self) -> str | None:
         """"abort" or "error" when a choice ended so (the whole request fails then)."""
-        return next((c.finish_reason for c in self.items
-                     if c.finish_reason in ("abort", "error")), None)
+        failed = self.failed()
+        return failed.finish_reason if failed is not None else None
+
+    def failed(self) -> Collected | None:
+        """The first choice that ended with "abort" or "error"."""
+        return next((c for c in self.items if c.finish_reason in ("abort", "error")), None)
+
+    def failure_error(self, request_id: str) -> OpenAIError | None:
+        """The error a failed choice becomes, or None when none failed."""
+        failed = self.failed()
+        if failed is None or failed.finish_reason is None:
+            return None
+        stop_reason = failed.last.stop_reason if failed.last is not None else None
+        return finish_error(failed.finish_reason, stop_reason, request_id)
 
     def last(self) -> GenerationEvent | None:
         return next((c.last for c in self.items if c.last is not None), None)
@@ -135,12 +147,24 @@ async def open_generation(
     return Generation(backend, request, events, first, trace)
 
 
-def finish_error(reason: str) -> OpenAIError:
+def finish_error(reason: str, stop_reason: str | None = None,
+                 request_id: str | None = None) -> OpenAIError:
+    """The error of a generation that ended with "abort" or "error" (the backend's
+    `stop_reason` says why when it knows: a deadline)."""
+    if stop_reason == "request_timeout":
+        return OpenAIError(504, "The request took longer than the server's request timeout "
+                           "(--request-timeout) and was stopped.", code="request_timeout",
+                           error_type="timeout_error")
+    if stop_reason == "queue_timeout":
+        return OpenAIError(503, "The request waited longer than the server's queue timeout "
+                           "(--queue-timeout); try again later.", code="queue_timeout",
+                           headers={"Retry-After": "1"})
     if reason == "abort":
         return OpenAIError(503, "The request was aborted by the server; try again.",
                            code="request_aborted", headers={"Retry-After": "1"})
-    return OpenAIError(500, "The model failed while generating.", error_type="api_error",
-                       code="generation_error")
+    which = f" request {request_id}" if request_id else ""
+    return OpenAIError(500, f"The model failed while generating{which}.",
+                       error_type="api_error", code="generation_error")
 
 
 async def gather_choices(gen: Generation) -> tuple[Choices, Usage]:
@@ -155,9 +179,9 @@ async def gather_choices(gen: Generation) -> tuple[Choices, Usage]:
         raise as_openai_error(exc) from exc
     finally:
         await close_events(gen.events)
-    failure = got.failure()
+    failure = got.failure_error(gen.request.request_id)
     if failure is not None:
-        raise finish_error(failure)
+        raise failure
     usage = got.usage(gen)
     last = got.last()
     gen.trace.finished(usage, last.timings if last else None)
@@ -206,9 +230,8 @@ async def stream(gen: Generation, formatter: Formatter) -> AsyncIterator[bytes]:
 
 async def _stream_end(gen: Generation, formatter: Formatter, got: Choices,
                       ) -> AsyncIterator[bytes]:
-    failure = got.failure()
-    if failure is not None:
-        err = finish_error(failure)
+    err = got.failure_error(gen.request.request_id)
+    if err is not None:
         gen.trace.failed(err.failure_kind())
         yield sse(err.body())
         return

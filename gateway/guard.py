@@ -34,7 +34,8 @@ from backends.base import (
     Usage,
 )
 from gateway.generation import Generation, as_openai_error, close_events, open_generation
-from gateway.metrics import GenerationTrace
+from gateway.metrics import GenerationTrace, RequestLabels, current_request
+from gateway.middleware import set_generation_label, set_key_label
 from gateway.response_headers import add_response_headers
 from gateway.state import gateway_state
 
@@ -48,6 +49,7 @@ async def require_key(request: Request) -> Principal:
     token = bearer_token(request.headers.get("authorization"))
     principal = await state.access.authenticate(token)
     request.scope[PRINCIPAL_KEY] = principal
+    set_key_label(request.scope, "admin" if principal.admin else principal.key_id)
     return principal
 
 
@@ -106,6 +108,7 @@ class _Meter:
 
     admission: Admission
     prompt: _PromptTokens
+    labels: RequestLabels | None = None  # the access line's tokens, when no usage came
     tokens: dict[int, int] = field(default_factory=dict)  # completion tokens seen, by choice
     finals: dict[int, Usage] = field(default_factory=dict)  # each finished choice's usage
     started: bool = False
@@ -141,7 +144,11 @@ class _Meter:
             return
         self.settled = True
         with anyio.CancelScope(shield=True):
-            await self.admission.settle(await self.consumed())
+            consumed = await self.consumed()
+            await self.admission.settle(consumed)
+        if self.labels is not None and self.labels.completion_tokens is None and self.started:
+            self.labels.prompt_tokens = consumed.prompt_tokens
+            self.labels.completion_tokens = consumed.completion_tokens
 
 
 async def _metered(events: AsyncIterator[GenerationEvent], meter: _Meter,
@@ -192,8 +199,9 @@ async def open_guarded(
     trace: GenerationTrace,
 ) -> Generation:
     """`open_generation`, admitted against the caller's key and settled when it ends."""
+    set_generation_label(request.scope, gen_request.request_id)
     admission, prompt = await admit(request, model, backend, gen_request)
-    meter = _Meter(admission, prompt)
+    meter = _Meter(admission, prompt, current_request.get())
     try:
         return await open_generation(_MeteredBackend(backend, meter), gen_request, trace)
     except BaseException:

@@ -52,6 +52,15 @@ class RequestLabels:
     status: int = 500
     error: str | None = None  # the failure kind (tgi_request_failure's `err`), once known
     succeeded: bool = False  # a generation finished normally
+    # For the access line (gateway/access_log.py):
+    request_id: str = ""
+    generation_id: str | None = None  # the response's `id`
+    key_id: str | None = None  # the API key's id (never the key)
+    deployment: str | None = None  # the deployment that answered
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    queue_s: float | None = None  # waiting to be scheduled
+    ttft_s: float | None = None  # from the route's start to the first token
 
 
 current_request: ContextVar[RequestLabels | None] = ContextVar(
@@ -76,6 +85,8 @@ def failure_kind(status: int, error_type: str | None = None) -> str:
         return "overloaded"
     if status == 503:
         return "unavailable"
+    if status == 504 or error_type == "timeout_error":
+        return "timeout"
     return "generation"
 
 
@@ -132,6 +143,18 @@ _CUMULATIVE = (  # counters the backend keeps itself; exposed with a `_total` su
      "Prompt blocks found in the prefix cache"),
     ("preemptions", "switchyard_preemptions",
      "Sequences preempted (blocks given back, recomputed later)"),
+    ("step_failures", "switchyard_engine_step_failures",
+     "Engine steps that raised (their requests were retried alone)"),
+    ("failed_requests", "switchyard_engine_failed_requests",
+     "Requests failed by an engine error"),
+)
+# Counters with one extra label: (metric name, help, label, ((label value, field), ...)).
+_LABELLED = (
+    ("switchyard_queue_rejections", "Requests refused with 429 for a full queue, by limit",
+     "limit", (("requests", "queue_rejections_requests"), ("tokens", "queue_rejections_tokens"))),
+    ("switchyard_request_timeouts", "Requests ended by a deadline (--queue-timeout: queue; "
+     "--request-timeout: total)", "kind", (("queue", "queue_timeouts"),
+                                           ("total", "request_timeouts"))),
 )
 
 
@@ -146,11 +169,17 @@ class BackendCollector(Collector):
                   for attr, name, doc in _GAUGES]
         counters = [(attr, CounterMetricFamily(name, doc, labels=["model"]))
                     for attr, name, doc in _CUMULATIVE]
+        labelled = [(values, CounterMetricFamily(name, doc, labels=["model", label]))
+                    for name, doc, label, values in _LABELLED]
         for name, stats in self._stats():
             for attr, family in (*gauges, *counters):
                 family.add_metric([name], float(getattr(stats, attr)))
+            for values, family in labelled:
+                for value, attr in values:
+                    family.add_metric([name, value], float(getattr(stats, attr)))
         yield from (family for _, family in gauges)
         yield from (family for _, family in counters)
+        yield from (family for _, family in labelled)
 
     def _stats(self) -> Iterator[tuple[str, BackendStats]]:
         for name, backend in self._backends():
@@ -273,6 +302,8 @@ class GenerationTrace:
         now = time.perf_counter()
         if self._last_token_at is None:
             self.metrics.ttft.labels(self.model).observe(now - self.started)
+            if self.request is not None:
+                self.request.ttft_s = now - self.started
         else:
             self.metrics.itl.labels(self.model).observe(now - self._last_token_at)
         self._last_token_at = now
@@ -291,6 +322,9 @@ class GenerationTrace:
                 m.time_per_token.labels(model).observe(per_token)
         if self.request is not None:
             self.request.succeeded = True
+            self.request.prompt_tokens = usage.prompt_tokens
+            self.request.completion_tokens = usage.completion_tokens
+            self.request.queue_s = timings.queue_seconds if timings is not None else None
 
     def failed(self, kind: str) -> None:
         """A failure after the response started (an error event in a stream)."""

@@ -13,7 +13,9 @@ import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway.access_log import REQUEST_ID_HEADER, log_access, request_id
 from gateway.metrics import GatewayMetrics, RequestLabels, current_request
+from routing.router import served_by
 
 LABELS_KEY = "switchyard.labels"
 CLIENT_CLOSED = 499  # nginx's "client closed request", for metrics only
@@ -38,6 +40,19 @@ def set_status_label(scope: Scope, status: int) -> None:
         labels.status = status
 
 
+def set_key_label(scope: Scope, key_id: str | None) -> None:
+    """The caller's API key id (never the key), for the access line."""
+    labels = _labels(scope)
+    if labels is not None:
+        labels.key_id = key_id
+
+
+def set_generation_label(scope: Scope, generation_id: str) -> None:
+    labels = _labels(scope)
+    if labels is not None:
+        labels.generation_id = generation_id
+
+
 def set_failure_label(scope: Scope, kind: str) -> None:
     """Why a request failed (tgi_request_failure's `err`); the first reason given wins."""
     labels = _labels(scope)
@@ -54,21 +69,29 @@ class MetricsMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        labels = RequestLabels()
+        labels = RequestLabels(request_id=request_id(scope))
         scope[LABELS_KEY] = labels
         token = current_request.set(labels)
+        routed = served_by.set(lambda deployment: setattr(labels, "deployment", deployment))
         started = time.perf_counter()
 
         async def send_wrapper(message: Message) -> None:
-            if message["type"] == "http.response.start" and labels.status != CLIENT_CLOSED:
-                labels.status = message["status"]
+            if message["type"] == "http.response.start":
+                if labels.status != CLIENT_CLOSED:
+                    labels.status = message["status"]
+                headers = [*message.get("headers", []),
+                           (REQUEST_ID_HEADER, labels.request_id.encode("latin-1"))]
+                message = {**message, "headers": headers}
             await send(message)
 
         try:
             await self.app(scope, receive, send_wrapper)
         finally:
+            served_by.reset(routed)
             current_request.reset(token)
-            self._record(scope, labels, time.perf_counter() - started)
+            elapsed = time.perf_counter() - started
+            self._record(scope, labels, elapsed)
+            log_access(scope, labels, elapsed)  # when the whole exchange (stream) is over
 
     def _record(self, scope: Scope, labels: RequestLabels, elapsed: float) -> None:
         route = scope.get("route")

@@ -10,7 +10,10 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from gateway.drain import drain_of
 from gateway.guard import metrics_guard
+from gateway.openapi import Answer, documented
+from gateway.service_schema import Health
 from gateway.state import gateway_state
 from routing.deployment import Deployment, DeploymentState
 from routing.health import probe
@@ -25,11 +28,14 @@ async def _deployment_health(deployment: Deployment) -> dict[str, Any]:
     """Ready: its backend answers ready now and routing has not taken it out for failures."""
     health = await probe(deployment.backend, HEALTH_TIMEOUT_S)
     cooling = deployment.state is DeploymentState.COOLING_DOWN
-    return {
+    report: dict[str, Any] = {
         "ready": health.ready and not cooling,
         "detail": deployment.detail if health.ready else health.detail,
         "state": deployment.state.value, "in_flight": deployment.in_flight,
     }
+    if health.load is not None and not health.ready:  # loading: the stage now, those done
+        report["load"] = health.load.report()
+    return report
 
 
 async def _model_health(entry: ModelEntry) -> dict[str, Any]:
@@ -42,9 +48,16 @@ async def _model_health(entry: ModelEntry) -> dict[str, Any]:
     }
 
 
-@router.get("/health")
+@router.get("/health", **documented(
+    Answer(200, "Every model has a ready deployment.", model=Health),
+    Answer(503, "Some model has no ready deployment, or the server is draining.",
+           model=Health),
+    errors=(), secured=False))
 async def health(request: Request) -> JSONResponse:
-    """200 when every model has a ready deployment; 503 while any model has none."""
+    """200 when every model has a ready deployment; 503 while any model has none, and
+    while the server drains before it exits (gateway/drain.py)."""
+    if drain_of(request.app).draining:
+        return JSONResponse({"status": "draining", "models": {}}, status_code=503)
     models = gateway_state(request).models.models()
     reports = await asyncio.gather(*(_model_health(m) for m in models))
     ready = all(r["ready"] for r in reports)
@@ -55,7 +68,9 @@ async def health(request: Request) -> JSONResponse:
     )
 
 
-@router.get("/metrics", dependencies=[Depends(metrics_guard)])
+@router.get("/metrics", dependencies=[Depends(metrics_guard)], **documented(
+    Answer(200, "Prometheus text exposition.", text=CONTENT_TYPE_LATEST),
+    errors=(401, 403, 503)))
 async def metrics(request: Request) -> Response:
     return Response(gateway_state(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)
 

@@ -7,6 +7,7 @@ file is read when `model_specs()` is called.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -37,10 +38,12 @@ __all__ = ["ConfigError", "ConfigFile", "ModelDeclaration", "ModelPlan", "Settin
 _ENGINE_FIELDS = (
     "dtype", "device", "max_input_tokens", "max_total_tokens", "max_batch_size",
     "max_batch_prefill_tokens", "max_batch_total_tokens", "kv_cache_memory", "block_size",
-    "num_threads", "max_concurrent_requests", "waiting_served_ratio", "max_waiting_tokens",
-    "chunked_prefill", "prefix_caching", "compile", "prepack_weights", "quantize",
-    "quantized_kernels", "cache_dir",
+    "num_threads", "max_concurrent_requests", "max_queued_requests", "max_queued_tokens",
+    "queue_timeout", "request_timeout", "waiting_served_ratio", "max_waiting_tokens",
+    "chunked_prefill", "prefix_caching", "compile", "compile_decode_step", "prepack_weights",
+    "quantize", "quantized_kernels", "cache_dir",
 )
+DEFAULT_MAX_BODY_BYTES = 8 * 1024**2
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 
@@ -56,6 +59,26 @@ def parse_memory(value: Any) -> float | None:
     return number * _UNITS[unit]
 
 
+@dataclass(frozen=True)
+class RequestLimits:
+    """What one request may ask for (gateway/limits.py enforces it; /info reports it)."""
+
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_messages: int = 2048
+    max_stop_sequences: int = 4
+    max_stop_length: int = 512
+    max_output_tokens: int | None = None
+
+    def report(self) -> dict[str, int | None]:
+        return {"max_request_body_bytes": self.max_body_bytes, "max_messages": self.max_messages,
+                "max_stop_sequences": self.max_stop_sequences,
+                "max_stop_length": self.max_stop_length,
+                "max_output_tokens": self.max_output_tokens}
+
+
+_LIMITS = RequestLimits()
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="SWITCHYARD_", extra="forbid", protected_namespaces=(),
@@ -69,6 +92,7 @@ class Settings(BaseSettings):
     hostname: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
     log_level: Literal["critical", "error", "warning", "info", "debug", "trace"] = "info"
+    log_format: Literal["text", "json"] = "text"  # json: one object per line (log_format.py)
 
     dtype: Literal["auto", "bfloat16", "float16", "float32"] | None = None
     quantize: Literal[
@@ -87,11 +111,16 @@ class Settings(BaseSettings):
     num_threads: PositiveInt | None = None
     kv_cache_memory: float | None = Field(None, gt=0)
     max_concurrent_requests: PositiveInt | None = None
+    max_queued_requests: int | None = Field(None, ge=0)
+    max_queued_tokens: int | None = Field(None, ge=0)
+    queue_timeout: float | None = Field(None, gt=0)  # seconds
+    request_timeout: float | None = Field(None, gt=0)  # seconds
     waiting_served_ratio: float | None = Field(None, ge=0)
     max_waiting_tokens: int | None = Field(None, ge=0)
     chunked_prefill: bool | None = None
     prefix_caching: bool | None = None
     compile: bool | None = None
+    compile_decode_step: bool | None = None
     prepack_weights: bool | None = None
     # the native engine's startup cache; unset: ~/.cache/switchyard (backends/registry.py)
     cache_dir: str | None = None
@@ -102,6 +131,15 @@ class Settings(BaseSettings):
     auth_fail_open: bool = False
     auth_lease_ttl: float = Field(LEASE_TTL_S, gt=0)  # seconds a crashed replica holds a slot
     metrics_auth: Literal["open", "key", "admin"] = "open"
+
+    # Request limits (gateway/limits.py) and graceful shutdown (gateway/drain.py).
+    max_request_body_bytes: PositiveInt = _LIMITS.max_body_bytes  # TGI: --payload-limit
+    max_messages: PositiveInt = _LIMITS.max_messages  # OpenAI's own limit
+    max_stop_sequences: int = Field(_LIMITS.max_stop_sequences, ge=0)  # OpenAI's and TGI's
+    max_stop_length: PositiveInt = _LIMITS.max_stop_length  # characters of one stop string
+    max_output_tokens: PositiveInt | None = None  # None: the model's --max-total-tokens alone
+    shutdown_timeout: float = Field(30.0, ge=0)
+    playground: bool = True  # the chat page at /playground (gateway/playground/)
 
     @model_validator(mode="after")
     def _tgi_spellings(self) -> Settings:
@@ -114,7 +152,19 @@ class Settings(BaseSettings):
     def _memory(cls, value: Any) -> float | None:
         return parse_memory(value)
 
-    @field_validator("log_level", mode="before")
+    @field_validator("max_request_body_bytes", mode="before")
+    @classmethod
+    def _bytes(cls, value: Any) -> Any:
+        return value if value is None or isinstance(value, int) else int(parse_memory(value) or 0)
+
+    def request_limits(self) -> RequestLimits:
+        return RequestLimits(
+            max_body_bytes=self.max_request_body_bytes, max_messages=self.max_messages,
+            max_stop_sequences=self.max_stop_sequences, max_stop_length=self.max_stop_length,
+            max_output_tokens=self.max_output_tokens,
+        )
+
+    @field_validator("log_level", "log_format", mode="before")
     @classmethod
     def _lower(cls, value: Any) -> Any:
         return value.lower() if isinstance(value, str) else value

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 from backends.base import (
@@ -43,6 +44,10 @@ log = logging.getLogger("switchyard.routing")
 Events = AsyncIterator[GenerationEvent]
 RETRYABLE = (DeploymentError, BackendUnavailable)
 OVERLOADED = "overloaded"  # a local engine at --max-concurrent-requests (RequestError 429)
+# Told the name of the deployment that answers the current request (the gateway's access
+# line); the gateway sets it per request.
+served_by: ContextVar[Callable[[str], None] | None] = ContextVar(
+    "switchyard_served_by", default=None)
 
 
 @dataclass
@@ -145,6 +150,8 @@ class ModelRouter:
             try:
                 attempt.events = deployment.backend.generate(req)
                 attempt.first = await anext(attempt.events, None)
+                if (listener := served_by.get()) is not None:
+                    listener(deployment.name)
                 return attempt
             except RETRYABLE as exc:
                 self._failed(deployment, exc)

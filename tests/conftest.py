@@ -1,12 +1,15 @@
-"""Shared fixtures: tiny random models written with save_pretrained, the default GGUF."""
+"""Shared fixtures: tiny random models written with save_pretrained, the default GGUF, and
+one real redis-server for the session."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.auth.conftest import RedisServer
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -40,6 +43,14 @@ def _single_thread() -> None:
     import torch
 
     torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture(scope="session")

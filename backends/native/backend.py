@@ -34,13 +34,23 @@ from backends.base import (
     Usage,
 )
 from backends.native.config import EngineConfig
+from backends.native.deadlines import QUEUE_TIMEOUT, REQUEST_TIMEOUT
 from backends.native.engine import LLMEngine, RequestOutput
+from backends.native.load_progress import (
+    LoadTracker,
+    describe,
+    json_logs_everywhere,
+    tracking,
+)
 from backends.native.prompt_checks import (
     check_prompt,
     decode_checked,
     encode_request,
     overloaded,
+    timed_out,
 )
+from backends.native.queue_limits import WaitingRequests
+from backends.native.startup_cache import LoadStages
 
 if TYPE_CHECKING:
     from backends.native.structured import CompiledGrammar
@@ -54,6 +64,7 @@ class _Add:
     prompt_token_ids: list[int]
     sampling: SamplingParams
     grammar: CompiledGrammar | None = None
+    arrival_time: float | None = None  # time.monotonic() when the request arrived
 
 
 @dataclass(frozen=True)
@@ -69,11 +80,15 @@ class NativeBackend:
         self.config = config
         self.engine: LLMEngine | None = None
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self._streams: dict[str, asyncio.Queue[GenerationEvent]] = {}
+        # None in a stream: the engine thread died.
+        self._streams: dict[str, asyncio.Queue[GenerationEvent | None]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._error: str | None = None
         self._in_flight = 0
+        self._dead = False  # the engine thread died (set on the event loop)
+        self._waiting = WaitingRequests(config.max_queued_requests, config.max_queued_tokens)
+        self._stages = LoadTracker()  # the load stage now and those done (/health, /info)
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -88,12 +103,13 @@ class NativeBackend:
     def _load(self) -> LLMEngine:
         if self.config.num_threads:
             torch.set_num_threads(self.config.num_threads)
-        engine = LLMEngine(self.config)
-        if self.config.compile:
-            log.info("warming up (compiling the decode kernel)")
-            start = time.perf_counter()
-            engine.warmup()
-            log.info("load: warm-up compile %.2fs", time.perf_counter() - start)
+        json_logs_everywhere()  # torch's own handlers write plain lines
+        with tracking(self._stages):  # each LoadStages stage reports to it
+            engine = LLMEngine(self.config)
+            if self.config.compile:
+                log.info("warming up (compiling the decode kernel)")
+                with LoadStages().stage("warm-up compile"):  # logs `load: warm-up compile 1.2s`
+                    engine.warmup()
         return engine
 
     async def close(self) -> None:
@@ -107,9 +123,12 @@ class NativeBackend:
     async def health(self) -> Health:
         if self._error:
             return Health(False, self._error)
+        load = self._stages.report()
         if self.engine is None or self._thread is None:
-            return Health(False, "loading")
-        return Health(True, "ready")
+            return Health(False, describe(load), load)
+        if not self._thread.is_alive():
+            return Health(False, "the engine thread is not running", load)
+        return Health(True, "ready", load)
 
     def info(self) -> ModelInfo:
         engine = self._ready_engine()
@@ -132,10 +151,15 @@ class NativeBackend:
                 "block_size": self.config.block_size,
                 "weight_bytes": loaded.weight_bytes,
                 "max_concurrent_requests": self.config.max_concurrent_requests,
+                "max_queued_requests": self.config.max_queued_requests,
+                "max_queued_tokens": self.config.max_queued_tokens,
+                "queue_timeout": self.config.queue_timeout,
+                "request_timeout": self.config.request_timeout,
                 "waiting_served_ratio": self.config.waiting_served_ratio,
                 "max_waiting_tokens": self.config.max_waiting_tokens,
                 "chunked_prefill": self.config.chunked_prefill,
                 "prefix_caching": self.config.prefix_caching,
+                "load": self._stages.report().report(),  # the load stages and their seconds
             },
         )
 
@@ -158,6 +182,12 @@ class NativeBackend:
             prefix_cache_queries=blocks.queries,
             prefix_cache_hits=blocks.hits,
             preemptions=scheduler.num_preemptions,
+            queue_rejections_requests=self._waiting.rejected_requests,
+            queue_rejections_tokens=self._waiting.rejected_tokens,
+            queue_timeouts=self.engine.num_queue_timeouts,
+            request_timeouts=self.engine.num_request_timeouts,
+            step_failures=self.engine.num_step_failures,
+            failed_requests=self.engine.num_failed_requests,
         )
 
     def drain_step_timings(self) -> list[StepTiming]:
@@ -174,18 +204,25 @@ class NativeBackend:
         return len(self.tokenize(req))
 
     async def generate(self, req: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+        arrival = time.monotonic()
         self._admit()
         try:
             # Chat templates and long prompts take milliseconds: keep them off the loop.
             prompt_ids = await asyncio.to_thread(self.tokenize, req)
             self._validate(prompt_ids, req.sampling, "messages" if req.messages else "prompt")
+            self._waiting.admit(req.request_id, len(prompt_ids), self._free_slots())
             grammar = await self._compile(req.sampling.structured)
-            add = _Add(req.request_id, prompt_ids, req.sampling, grammar)
+            add = _Add(req.request_id, prompt_ids, req.sampling, grammar, arrival)
             async with aclosing(self._stream(add)) as events:
                 async for event in events:
                     yield event
         finally:
+            self._waiting.leave(req.request_id)
             self._in_flight -= 1
+
+    def _free_slots(self) -> int:
+        """Sequences the running batch can still take (read across threads: a length)."""
+        return self.config.max_batch_size - len(self._ready_engine().scheduler.running)
 
     async def _compile(self, spec: StructuredOutput | None) -> CompiledGrammar | None:
         """The request's grammar, compiled off the event loop (milliseconds to seconds)."""
@@ -208,22 +245,42 @@ class NativeBackend:
         """The events of every choice, until each has finished."""
         stream: asyncio.Queue[GenerationEvent] = asyncio.Queue()
         self._streams[add.request_id] = stream
+        if self._dead:  # no engine thread will ever answer
+            self._streams.pop(add.request_id)
+            raise BackendUnavailable(self._error or "the engine thread died")
         self._inbox.put(add)
         unfinished = set(range(max(1, add.sampling.n)))
+        first = True
         try:
             while unfinished:
                 event = await stream.get()
+                if event is None:
+                    raise BackendUnavailable(self._error or "the engine thread died")
+                if first and event.stop_reason in (QUEUE_TIMEOUT, REQUEST_TIMEOUT):
+                    raise self._timeout(event.stop_reason)  # no byte sent yet: a real status
+                first = False
                 if event.finish_reason is not None:
                     unfinished.discard(event.index)
                 yield event
         finally:
             self._streams.pop(add.request_id, None)
+            self._waiting.drain.finished()
             if unfinished:
                 self._inbox.put(_Abort(add.request_id))
 
+    def _timeout(self, reason: str) -> Exception:
+        if reason == QUEUE_TIMEOUT:
+            backlog = len(self._waiting) + 1
+            return timed_out(reason, self.config.queue_timeout, 503,
+                             self._waiting.drain.retry_after(backlog))
+        return timed_out(reason, self.config.request_timeout, 504)
+
     def _ready_engine(self) -> LLMEngine:
         if self.engine is None or self._thread is None:
-            raise BackendUnavailable(self._error or "the model is still loading")
+            raise BackendUnavailable(
+                self._error or f"the model is still loading ({describe(self._stages.report())})")
+        if not self._thread.is_alive():
+            raise BackendUnavailable(self._error or "the engine thread is not running")
         return self.engine
 
     def tokenize(self, req: GenerationRequest) -> list[int]:
@@ -244,15 +301,31 @@ class NativeBackend:
         assert engine is not None
         if self.config.num_threads:
             torch.set_num_threads(self.config.num_threads)
+        try:
+            self._serve(engine)
+        except BaseException as exc:  # noqa: BLE001 - the thread is dying: say so, and why
+            log.critical("the engine thread died; model %s stops serving", self.served_name,
+                         exc_info=True)
+            self._error = f"the engine thread died: {exc!r}"
+            if self._loop is not None and not self._loop.is_closed():
+                self._loop.call_soon_threadsafe(self._engine_died)
+
+    def _serve(self, engine: LLMEngine) -> None:
         while True:
             try:
                 if not self._drain_inbox(engine, block=not engine.has_work()):
                     return
                 if engine.has_work():
-                    self._publish(engine.step())
+                    outputs = engine.step()
+                    self._publish(outputs, engine.take_started())
             except Exception:  # the thread must live on, or every request waits forever
                 log.exception("engine loop failed; failing every request in flight")
                 self._publish(engine.fail_all())
+
+    def _engine_died(self) -> None:
+        self._dead = True
+        for stream in self._streams.values():
+            stream.put_nowait(None)
 
     def _drain_inbox(self, engine: LLMEngine, block: bool) -> bool:
         """Apply queued adds/aborts; False once asked to stop."""
@@ -272,7 +345,8 @@ class NativeBackend:
     def _add(self, engine: LLMEngine, message: _Add) -> None:
         try:
             engine.add_request(
-                message.request_id, message.prompt_token_ids, message.sampling, message.grammar
+                message.request_id, message.prompt_token_ids, message.sampling, message.grammar,
+                message.arrival_time,
             )
         except Exception as e:  # a bad request must never stop the engine thread
             log.exception("could not add request %s", message.request_id)
@@ -281,12 +355,14 @@ class NativeBackend:
                 for i in range(max(1, message.sampling.n))
             ])
 
-    def _publish(self, outputs: list[RequestOutput]) -> None:
-        if outputs and self._loop is not None:
+    def _publish(self, outputs: list[RequestOutput], started: list[str] | None = None) -> None:
+        if (outputs or started) and self._loop is not None:
             events = [(o.request_id, _event(o)) for o in outputs]
-            self._loop.call_soon_threadsafe(self._deliver, events)
+            self._loop.call_soon_threadsafe(self._deliver, events, started or [])
 
-    def _deliver(self, events: list[tuple[str, GenerationEvent]]) -> None:
+    def _deliver(self, events: list[tuple[str, GenerationEvent]], started: list[str]) -> None:
+        for request_id in started:
+            self._waiting.leave(request_id)
         for request_id, event in events:
             stream = self._streams.get(request_id)
             if stream is not None:

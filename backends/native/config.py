@@ -23,9 +23,20 @@ class EngineConfig:
     num_threads: int | None = None  # torch intra-op threads; None: torch's default
     seed: int = 0
     compile: bool = True  # torch.compile the decode attention kernel
+    # decode-only steps through compiled regions (compiled_step.py; needs compile)
+    compile_decode_step: bool = True
     # CPU: dense linears through oneDNN with weights prepacked once at load (cpu_linear.py)
     prepack_weights: bool = True
     max_concurrent_requests: int = 128  # admission: beyond it, 429 at once
+    # Waiting beyond the running batch (admitted, not yet scheduled): beyond these, 429 with a
+    # Retry-After from the measured drain rate. None: unbounded (max_concurrent_requests only).
+    max_queued_requests: int | None = None
+    max_queued_tokens: int | None = None  # prompt tokens of the requests waiting
+    queue_timeout: float | None = None  # seconds a request may wait unscheduled: then 503
+    request_timeout: float | None = None  # seconds a request may take in all: then ended
+    # Tests only: a step holding one of these request ids raises after the forward pass
+    # (the engine copies it into a set that tests may change while it runs).
+    fault_request_ids: frozenset[str] = frozenset()
     chunked_prefill: bool = True
     prefix_caching: bool = True
     waiting_served_ratio: float = 1.2  # TGI's join rule when chunked prefill is off
@@ -42,3 +53,10 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         check_kernels_setting(self.quantized_kernels)
+        for name in ("max_queued_requests", "max_queued_tokens"):
+            if (getattr(self, name) or 0) < 0:
+                raise ValueError(f"{name} must be >= 0")
+        for name in ("queue_timeout", "request_timeout"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be > 0 seconds")

@@ -19,6 +19,7 @@ import torch
 from backends.base import RequestTimings, SamplingParams, StepTiming, TokenInfo, TopLogprob
 from backends.native.block_manager import BlockManager
 from backends.native.config import EngineConfig
+from backends.native.deadlines import QUEUE_TIMEOUT, expired
 from backends.native.detokenizer import IncrementalDetokenizer
 from backends.native.grammar_support import GrammarSupport
 from backends.native.logprobs import TokenTexts, prompt_token_infos
@@ -27,6 +28,7 @@ from backends.native.model_setup import LoadedModel, load_model
 from backends.native.sampler import sample
 from backends.native.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from backends.native.sequence import Sequence, SequenceStatus
+from backends.native.step_faults import raise_injected_fault, settle, suspects
 from backends.native.stop_checker import StopChecker
 
 if TYPE_CHECKING:
@@ -72,6 +74,7 @@ class LLMEngine:
         self.runner = ModelRunner(
             self.loaded.model, self.loaded.kv_cache, self.loaded.device,
             self.loaded.sliding_window, compiled=config.compile,
+            whole_step=config.compile and config.compile_decode_step,
         )
         self.generator = torch.Generator().manual_seed(config.seed)
         self._groups: dict[str, list[Sequence]] = {}  # request id -> its unfinished choices
@@ -79,6 +82,12 @@ class LLMEngine:
         self.grammars = GrammarSupport(self.tokenizer, self.logits_width)
         self.step_timings: deque[StepTiming] = deque(maxlen=10_000)
         self.num_aborted = 0
+        self.faults: set[str] = set(config.fault_request_ids)  # tests: step_faults.py
+        timeouts = (config.queue_timeout, config.request_timeout)
+        self._deadlines = timeouts if any(t is not None for t in timeouts) else None
+        self.started: list[str] = []  # see take_started
+        self.num_queue_timeouts = self.num_request_timeouts = 0
+        self.num_step_failures = self.num_failed_requests = 0
 
     @property
     def max_total_tokens(self) -> int:
@@ -91,10 +100,11 @@ class LLMEngine:
 
     def add_request(
         self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
-        grammar: CompiledGrammar | None = None,
+        grammar: CompiledGrammar | None = None, arrival_time: float | None = None,
     ) -> Sequence:
         """Choice 0 runs the prompt; choices 1..n-1 fork off it once the prompt is computed.
-        `grammar`: the compiled structured-output constraint (each choice gets a matcher)."""
+        `grammar`: the compiled structured-output constraint (each choice gets a matcher).
+        `arrival_time` (time.monotonic()): when the request arrived; default now."""
         if request_id in self._groups:
             raise ValueError(f"request id {request_id!r} is already running")
         if not prompt_token_ids:
@@ -102,7 +112,7 @@ class LLMEngine:
         room = self.max_total_tokens - len(prompt_token_ids)
         max_tokens = min(sampling.max_tokens or room, room)
         eos = frozenset() if sampling.ignore_eos else self.tokenizer.eos_token_ids
-        now = time.monotonic()
+        now = time.monotonic() if arrival_time is None else arrival_time
         choices = [
             self._choice(request_id, i, list(prompt_token_ids), sampling, max_tokens,
                          eos | frozenset(sampling.stop_token_ids), now, grammar)
@@ -146,21 +156,23 @@ class LLMEngine:
         return self.scheduler.has_work()
 
     def step(self) -> list[RequestOutput]:
+        outputs = self._expire() if self._deadlines else []
         batch = self.scheduler.schedule()
         if not batch.seqs:
-            return []
+            return outputs
         start = time.perf_counter()
-        for seq in batch.seqs:
-            seq.extras.setdefault("first_scheduled", time.monotonic())
+        self._mark_started(batch.seqs)
         sampling_seqs, spans = batch.sampling_seqs(), batch.prompt_spans()
         # Taken before anything can fail: a failed step frees the copies' destination blocks,
         # and copies left queued would write into blocks another request may own by then.
         copies = self.block_manager.take_copies()
-        outputs: list[RequestOutput] = []
+        masks = None
         try:
             masks = self.grammars.submit_masks(sampling_seqs)  # overlaps the forward pass
             self.runner.copy_blocks(copies)
             logits, _ = self.runner.run(batch)
+            if self.faults:
+                raise_injected_fault(self.faults, batch)
             bitmask = masks.result() if masks is not None else None
             self.scheduler.postprocess(batch)
             self._prompt_logprobs(logits[len(sampling_seqs):], spans)
@@ -175,11 +187,51 @@ class LLMEngine:
                     seqs, sampled.token_ids, sampled.logprobs, sampled.top_logprobs, strict=True
                 ):
                     outputs.append(self._append(seq, token, logprob, top))
-        except Exception:
-            log.exception("engine step failed; failing its %d requests", len(batch.seqs))
+        except Exception as exc:
+            settle(masks)
             # Outputs already made stay: a choice that finished must still report it.
-            return outputs + self._fail(batch.seqs)
+            return outputs + self._step_failed(batch, exc)
         self._record_step(batch, time.perf_counter() - start)
+        return outputs
+
+    def _mark_started(self, seqs: list[Sequence]) -> None:
+        now = time.monotonic()
+        for seq in seqs:
+            if "first_scheduled" not in seq.extras:
+                seq.extras["first_scheduled"] = now
+                self.started.append(seq.group_id)
+
+    def take_started(self) -> list[str]:
+        """Request ids scheduled for the first time since the last call (no longer queued)."""
+        started, self.started = self.started, []
+        return started
+
+    def _step_failed(self, batch: ScheduledBatch, exc: Exception) -> list[RequestOutput]:
+        """A step that ran one sequence fails its request; a larger one is undone and each of
+        its requests retried alone (step_faults.py)."""
+        self.num_step_failures += 1
+        if len(batch.seqs) == 1:
+            log.error("engine step failed for request %s alone; failing it",
+                      batch.seqs[0].group_id, exc_info=exc)
+            return self._fail(batch.seqs)
+        log.warning("engine step of %d sequences failed (%r); retrying each alone",
+                    len(batch.seqs), exc)
+        self.scheduler.rollback(suspects(batch, self._groups))
+        return []
+
+    def _expire(self) -> list[RequestOutput]:
+        """End the requests past --queue-timeout / --request-timeout ("abort", the reason in
+        stop_reason)."""
+        outputs: list[RequestOutput] = []
+        now = time.monotonic()
+        for request_id, reason in expired(self._groups, now, *self._deadlines):
+            if reason == QUEUE_TIMEOUT:
+                self.num_queue_timeouts += 1
+            else:
+                self.num_request_timeouts += 1
+            for choice in list(self._groups.get(request_id, [])):
+                self._finish(choice, "abort", reason)
+                outputs.append(self._output(choice, "", []))
         return outputs
 
     def _fork(self, seqs: list[Sequence]) -> tuple[list[int], list[Sequence]]:
@@ -235,6 +287,7 @@ class LLMEngine:
     def _fail(self, seqs: list[Sequence]) -> list[RequestOutput]:
         """Fail every choice of the sequences' requests (forks may share the suspect blocks)."""
         outputs = []
+        self.num_failed_requests += len({seq.group_id for seq in seqs if not seq.is_finished})
         for seq in seqs:
             for choice in list(self._groups.get(seq.group_id, [seq])):
                 if not choice.is_finished:  # half-written K/V: uncache the blocks
@@ -318,10 +371,19 @@ class LLMEngine:
         return output
 
     def warmup(self) -> None:
-        """Run two tiny requests so that the first client does not pay for compiling the
-        decode kernel (TGI warms up at startup too)."""
-        greedy = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
-        self.generate([[1, 2, 3], [1, 2, 4]], greedy)
+        """Compile at load what the first clients would otherwise pay for (TGI warms up at
+        startup too): a mixed step (the per-layer decode attention beside a prefill), then
+        decode-only steps of three rows and of one (the two whole-step graphs)."""
+        def greedy(n: int) -> SamplingParams:
+            return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+
+        tag = f"warmup-{time.monotonic_ns()}"
+        self.add_request(f"{tag}-0", [1, 2, 3], greedy(4))  # decodes alone in its last step
+        self.step()
+        self.add_request(f"{tag}-1", [1, 2, 4], greedy(2))
+        self.add_request(f"{tag}-2", [1, 2, 5, 6], greedy(2))
+        while self.has_work():
+            self.step()
         self.step_timings.clear()
 
     def generate(

@@ -28,6 +28,7 @@ __all__ = [
     "UnsupportedModelError",
     "check_supported",
     "load_checkpoint",
+    "weight_files",
 ]
 
 CheckpointFormat = Literal["safetensors", "gguf", "pytorch"]
@@ -141,6 +142,11 @@ def _gguf_stream(
         return gguf_reader.iter_gguf_tensors(opened[0], config, keep_quantized)
 
     return stream
+
+
+def weight_files(path: str) -> list[str]:
+    """A model folder's weight files, in the order they are read."""
+    return _weight_files(path)[1]
 
 
 def _weight_files(path: str) -> tuple[CheckpointFormat, list[str]]:

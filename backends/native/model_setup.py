@@ -9,7 +9,6 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from tqdm import tqdm
 from transformers import PretrainedConfig
 
 from backends.native import weight_cache
@@ -18,7 +17,8 @@ from backends.native.config import EngineConfig
 from backends.native.cpu_dtype import DtypeChoice, choose_dtype, machine_key
 from backends.native.cpu_linear import can_prepack, prepack_linears
 from backends.native.default_model import resolve_model_path
-from backends.native.loader import Checkpoint, load_checkpoint
+from backends.native.load_progress import current_tracker, tensor_total, weight_progress
+from backends.native.loader import Checkpoint, load_checkpoint, weight_files
 from backends.native.model_support import check_supported
 from backends.native.models import build_model, sliding_window
 from backends.native.models.llama import Rotary
@@ -128,13 +128,26 @@ def _build_and_load(
         if found:  # the damaged entry may have filled part of this skeleton
             model, linears = build()
     log.info("reading weights (%s, %s)", checkpoint.format, dtype)
+    _stage_detail(checkpoint, quant)
     tensors = checkpoint.tensors(keep_quantized=isinstance(quant, GGUFConfig))
-    model.load_weights(tqdm(tensors, desc="loading weights", unit=" tensors", disable=None),
-                       linears)
+    model.load_weights(weight_progress(tensors, _tensor_total(checkpoint)), linears)
     model.eval()  # the quantized modules swapped in while loading start in training mode
     if entry is not None:
         cache.publish(entry, lambda folder: weight_cache.save(folder, model, linears))
     return model, linears, False
+
+
+def _stage_detail(checkpoint: Checkpoint, quant: QuantConfig | None) -> None:
+    """What the weights stage does, for /health and /info (reading, and packing if any)."""
+    tracker = current_tracker()
+    if tracker is not None:
+        packing = f", quantizing / packing ({type(quant).__name__})" if quant else ""
+        tracker.progress(0.0, f"reading {checkpoint.format}{packing}")
+
+
+def _tensor_total(checkpoint: Checkpoint) -> int | None:
+    files = weight_files(checkpoint.path) if checkpoint.format == "safetensors" else ()
+    return tensor_total(checkpoint.path, checkpoint.format, files)
 
 
 def resolve_dtype(name: str, device: torch.device) -> DtypeChoice:

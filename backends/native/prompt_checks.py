@@ -89,3 +89,17 @@ def overloaded(limit: int, setting: str) -> RequestError:
         f"the model is overloaded: {limit} requests are in flight ({setting}); retry shortly",
         code="overloaded", status_code=429, error_type="overloaded",
     )
+
+
+def timed_out(reason: str, limit: float | None, status: int,
+              retry_after: float | None = None) -> RequestError:
+    """The refusal of a request ended by a deadline before it sent anything: 503 for
+    --queue-timeout (with Retry-After), 504 for --request-timeout."""
+    setting = "--queue-timeout" if reason == "queue_timeout" else "--request-timeout"
+    where = "waiting to be scheduled" if reason == "queue_timeout" else "in all"
+    return RequestError(
+        f"the request took longer than {limit or 0:g} s {where} ({setting}) and was stopped",
+        code=reason, status_code=status,
+        error_type="service_unavailable" if status == 503 else "timeout_error",
+        retry_after=retry_after,
+    )

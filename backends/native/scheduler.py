@@ -67,6 +67,8 @@ class Scheduler:
         self.num_preemptions = 0
         self.steps_since_join = 0
         self.last_joined = 0
+        # After a failed step: its sequences, to run one per step until each caught up.
+        self.solo: deque[Sequence] = deque()
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
@@ -76,6 +78,10 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> ScheduledBatch:
+        if self.solo:
+            batch = self._schedule_solo()
+            if batch is not None:
+                return batch
         batch = ScheduledBatch([], [])
         budget = self.config.max_batch_prefill_tokens
         budget = self._schedule_running(batch, budget)
@@ -83,6 +89,44 @@ class Scheduler:
         joined = self._schedule_waiting(batch, budget) if self._may_join(had_running) else 0
         self.last_joined = joined
         self.steps_since_join = 0 if joined or not had_running else self.steps_since_join + 1
+        return batch
+
+    def rollback(self, seqs: list[Sequence]) -> None:
+        """Undo a failed step: the sequences drop their blocks (uncached: their K/V may be
+        half written), go back to the queue front in order, and will run alone (`solo`)."""
+        for seq in seqs:
+            if seq.status is SequenceStatus.RUNNING:
+                self.running.remove(seq)
+            elif seq.status is SequenceStatus.WAITING:
+                self.waiting.remove(seq)
+            self.blocks.free(seq, forget=True)
+            seq.num_computed_tokens = 0
+            seq.status = SequenceStatus.WAITING
+        self.waiting.extendleft(reversed(seqs))
+        self.solo.extend(seqs)
+
+    def _schedule_solo(self) -> ScheduledBatch | None:
+        """The first suspect alone, until it has recomputed everything but its last token
+        (it then sampled once alone); None when no suspect is left."""
+        while self.solo and (self.solo[0].is_finished or (
+                self.solo[0].status is SequenceStatus.RUNNING
+                and self.solo[0].num_uncomputed_tokens <= 1)):
+            self.solo.popleft()
+        if not self.solo:
+            return None
+        seq, batch = self.solo[0], ScheduledBatch([], [])
+        if seq.status is SequenceStatus.WAITING:
+            if not seq.block_table and not seq.needs_prompt_logits:
+                self.blocks.match_prefix(seq)
+            self.waiting.remove(seq)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+        n = seq.num_uncomputed_tokens
+        if self.config.chunked_prefill:
+            n = min(n, self.config.max_batch_prefill_tokens)
+        if self._reserve(seq, n, [s for s in self.running if s is not seq]):
+            batch.seqs.append(seq)
+            batch.num_tokens.append(n)
         return batch
 
     def _may_join(self, batch_running: bool) -> bool:
@@ -193,6 +237,8 @@ class Scheduler:
             self.running.remove(seq)
         elif seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
+        if any(s is seq for s in self.solo):  # else held until the next schedule()
+            self.solo.remove(seq)
         self.blocks.free(seq, forget=forget_blocks)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason

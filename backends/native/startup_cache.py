@@ -30,6 +30,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
+from backends.native.load_progress import current_tracker
+
 log = logging.getLogger(__name__)
 
 DEFAULT_CACHE_DIR = "~/.cache/switchyard"
@@ -175,10 +177,15 @@ class LoadStages:
         """The yielded dict's "cached" flag is set by the stage when it was served from
         the cache."""
         flags = {"cached": False}
+        tracker = current_tracker()  # /health and /info show the stage (load_progress.py)
+        if tracker is not None:
+            tracker.begin(name)
         start = time.perf_counter()
         yield flags
         elapsed = time.perf_counter() - start
         self.seconds[name], self.cached[name] = elapsed, flags["cached"]
+        if tracker is not None:
+            tracker.end(name, elapsed, flags["cached"])
         log.info("load: %s %.2fs%s", name, elapsed, " (cached)" if flags["cached"] else "")
 
 

@@ -13,6 +13,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from gateway.guard import GUARD, principal_of
+from gateway.openai.response_schema import ModelCard, ModelList
+from gateway.openapi import Answer, documented
 from gateway.state import gateway_state
 from routing.registry import ModelEntry
 
@@ -30,14 +32,17 @@ def _cards(entry: ModelEntry) -> list[dict[str, Any]]:
     return [_card(entry, name) for name in (entry.name, *entry.aliases)]
 
 
-@router.get("/v1/models")
+@router.get("/v1/models", **documented(
+    Answer(200, "The models (and aliases) the caller may use.", model=ModelList),
+    errors=(401, 503)))
 async def list_models(request: Request) -> JSONResponse:
     principal = principal_of(request)
     entries = [e for e in gateway_state(request).models.models() if principal.may_use(e.name)]
     return JSONResponse({"object": "list", "data": [c for e in entries for c in _cards(e)]})
 
 
-@router.get("/v1/models/{model_id:path}")
+@router.get("/v1/models/{model_id:path}", **documented(
+    Answer(200, "The model (or alias).", model=ModelCard), errors=(401, 403, 404, 422, 503)))
 async def retrieve_model(request: Request, model_id: str) -> JSONResponse:
     state = gateway_state(request)
     entry = state.models.resolve(model_id)

@@ -19,7 +19,7 @@ from gateway.errors import bad_request
 from gateway.openai import formats
 from gateway.openai.messages import ChatMessage, checked_text, invalid, unsupported
 
-MAX_STOPS = 4
+MAX_STOPS = 4  # the default of --max-stop-sequences (gateway/limits.py checks it)
 MAX_CHOICES = 16
 MAX_TOP_LOGPROBS = 20
 _SEED_MIN, _SEED_MAX = -(2**63), 2**63 - 1
@@ -85,8 +85,6 @@ class SamplingFields(BaseModel):
         items = [value] if isinstance(value, str) else value
         if not isinstance(items, list) or not all(isinstance(s, str) for s in items):
             raise invalid("stop must be a string or a list of strings")
-        if len(items) > MAX_STOPS:
-            raise invalid(f"at most {MAX_STOPS} stop sequences are allowed")
         return tuple(checked_text(s) for s in items if s)
 
     @field_validator("stop_token_ids")
@@ -153,7 +151,8 @@ class SamplingFields(BaseModel):
 
 
 def _bias(key: Any, bias: Any) -> tuple[int, float]:
-    if not (isinstance(key, str) and key.isdecimal() and int(key) < _TOKEN_ID_MAX):
+    if not (isinstance(key, str) and key.isdecimal() and len(key) <= 10
+            and int(key) < _TOKEN_ID_MAX):
         raise invalid(f"logit_bias key {key!r} is not a token id (a string of digits, as "
                       "in {'50256': -100})")
     if isinstance(bias, bool) or not isinstance(bias, int | float) or not (

@@ -26,7 +26,10 @@ from gateway.body import parse_body, read_json
 from gateway.errors import bad_request
 from gateway.generation import Collected, gather_choices, stream, unless_disconnected
 from gateway.guard import GUARD, open_guarded
+from gateway.limits import cap_output, check_openai_fields
 from gateway.middleware import set_model_label
+from gateway.openai import response_schema as answers
+from gateway.openai import schema
 from gateway.openai.requests import ChatCompletionRequest, CompletionRequest, SamplingFields
 from gateway.openai.responses import (
     ChatFormatter,
@@ -43,6 +46,7 @@ from gateway.openai.sampling import (
     tool_plan,
     uses_tools,
 )
+from gateway.openapi import GENERATION_ERRORS, Answer, documented
 from gateway.sse import SSEResponse
 from gateway.state import GatewayState, gateway_state
 from routing.registry import ModelEntry
@@ -66,7 +70,9 @@ def resolve_model(state: GatewayState, request: Request, body_model: str | None)
 
 async def _prepare(request: Request, schema: type[Body]) -> tuple[GatewayState, Body, ModelEntry]:
     state = gateway_state(request)
-    body = parse_body(await read_json(request), schema)
+    data = await read_json(request)
+    check_openai_fields(data, state.settings.request_limits())
+    body = parse_body(data, schema)
     body.check()
     entry = resolve_model(state, request, body.model)
     set_model_label(request.scope, entry.name)
@@ -79,6 +85,7 @@ async def _respond(
 ) -> Response:
     backend = entry.router  # balances and falls back over the model's deployments
     trace = state.metrics.trace(entry.name)
+    gen_request = await cap_output(backend, gen_request, state.settings.max_output_tokens)
     if streamed:
         # The first event is pulled before the response starts: early errors stay 4xx.
         opening = open_guarded(request, entry.name, backend, gen_request, trace)
@@ -103,7 +110,17 @@ async def _chat_template(entry: ModelEntry) -> str | None:
     return info.chat_template
 
 
-@router.post("/v1/chat/completions", response_model=None)
+_CHAT_DOCS = documented(
+    Answer(200, "The completion; with `stream`, chunks as server-sent events, then [DONE].",
+           model=answers.ChatCompletion, stream=answers.ChatStreamEvent),
+    body=schema.ChatCompletionRequest, errors=GENERATION_ERRORS, model_header=True)
+_COMPLETION_DOCS = documented(
+    Answer(200, "The completion; with `stream`, chunks as server-sent events, then [DONE].",
+           model=answers.TextCompletion, stream=answers.CompletionStreamEvent),
+    body=schema.CompletionRequest, errors=GENERATION_ERRORS, model_header=True)
+
+
+@router.post("/v1/chat/completions", response_model=None, **_CHAT_DOCS)
 async def chat_completions(request: Request) -> Response:
     state, body, entry = await _prepare(request, ChatCompletionRequest)
     plan = None
@@ -132,7 +149,7 @@ def best_of(n: int) -> Select:
     return select
 
 
-@router.post("/v1/completions", response_model=None)
+@router.post("/v1/completions", response_model=None, **_COMPLETION_DOCS)
 async def completions(request: Request) -> Response:
     state, body, entry = await _prepare(request, CompletionRequest)
     options = ResponseOptions(body.choices(), body.logprobs is not None, body.logprobs or 0,

@@ -20,9 +20,11 @@ from backends.base import GenerationRequest
 from gateway.body import parse_body, read_json
 from gateway.guard import GUARD, principal_of
 from gateway.middleware import set_model_label
+from gateway.openai import response_schema as docs
 from gateway.openai.messages import ChatMessage, checked_text
 from gateway.openai.routes import resolve_model
 from gateway.openai.sampling import new_request_id
+from gateway.openapi import Answer, documented
 from gateway.state import gateway_state
 from routing.registry import ModelEntry
 
@@ -84,7 +86,9 @@ async def _model(request: Request, body_model: str | None) -> ModelEntry:
     return entry
 
 
-@router.post("/tokenize")
+@router.post("/tokenize", **documented(
+    Answer(200, "The prompt's token ids.", model=docs.TokenizeResponse),
+    body=docs.TokenizeRequest, model_header=True))
 async def tokenize(request: Request) -> JSONResponse:
     body = parse_body(await read_json(request), TokenizeRequest)
     entry = await _model(request, body.model)
@@ -95,7 +99,9 @@ async def tokenize(request: Request) -> JSONResponse:
     return JSONResponse(answer)
 
 
-@router.post("/detokenize")
+@router.post("/detokenize", **documented(
+    Answer(200, "The tokens' text.", model=docs.DetokenizeResponse),
+    body=docs.DetokenizeRequest, model_header=True))
 async def detokenize(request: Request) -> JSONResponse:
     body = parse_body(await read_json(request), DetokenizeRequest)
     entry = await _model(request, body.model)

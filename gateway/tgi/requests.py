@@ -4,7 +4,8 @@ that turns it into a `GenerationRequest`.
 Faithful to TGI's router: a missing `parameters` object means `do_sample: true`; a request
 samples when `do_sample` is set or a sampling parameter implies it (temperature != 1,
 top_k, top_p), else it is greedy whatever else it carries; `max_new_tokens` defaults to
-100; `stop` allows 4 strings; `top_n_tokens` up to 5; `best_of` (sampled `n` choices, the
+100; `stop` allows --max-stop-sequences strings (4, checked in gateway/limits.py);
+`top_n_tokens` up to 5; `best_of` (sampled `n` choices, the
 one with the highest logprob sum answers) up to 4, never streamed, never with a `seed`;
 `decoder_input_details` (the prompt's logprobs) never streamed. What the engine cannot do
 (typical_p, watermark, adapters) is refused, never ignored.
@@ -18,9 +19,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from backends.base import ModelInfo, SamplingParams, StructuredOutput
+from gateway.body import LONE_SURROGATE, lone_surrogate
 from gateway.tgi.grammar import GrammarShapeError, parse_grammar
 
-MAX_STOP_SEQUENCES = 4
+MAX_STOP_SEQUENCES = 4  # the default of --max-stop-sequences (gateway/limits.py checks it)
 MAX_BEST_OF = 4
 MAX_TOP_N_TOKENS = 5
 DEFAULT_MAX_NEW_TOKENS = 100
@@ -85,6 +87,11 @@ class TGIRequest(BaseModel):
 def parse_request(data: Any) -> TGIRequest:
     if not isinstance(data, dict):
         raise TGIValidationError("Failed to deserialize the JSON body: expected a JSON object")
+    where = lone_surrogate(data)
+    if where is not None:  # serde refuses them while parsing; json.loads does not
+        raise TGIValidationError(
+            "Failed to deserialize the JSON body into the target type: "
+            f"{'.'.join(str(part) for part in where)}: {LONE_SURROGATE}")
     try:
         return TGIRequest.model_validate(data)
     except ValidationError as exc:
@@ -162,9 +169,6 @@ def _check_ranges(p: TGIParameters) -> None:
         raise TGIValidationError("`top_k` must be strictly positive")
     if p.max_new_tokens == 0:
         raise TGIValidationError("`max_new_tokens` must be strictly positive")
-    if len(p.stop) > MAX_STOP_SEQUENCES:
-        raise TGIValidationError(
-            f"`stop` supports up to {MAX_STOP_SEQUENCES} stop sequences. Given: {len(p.stop)}")
 
 
 def samples(p: TGIParameters) -> bool:

@@ -202,7 +202,7 @@ async def stream_events(gen: Generation, view: TGIView) -> AsyncIterator[bytes]:
 
 def _stream_error(got: Collected) -> OpenAIError | None:
     if got.finish_reason in ("abort", "error"):
-        return finish_error(got.finish_reason)
+        return finish_error(got.finish_reason, got.last.stop_reason if got.last else None)
     return None
 
 

@@ -16,14 +16,20 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 
-from backends.base import Backend, GenerationRequest, ModelInfo, RequestError
+from backends.base import (
+    Backend,
+    BackendUnavailable,
+    GenerationRequest,
+    ModelInfo,
+    RequestError,
+)
 from gateway.body import read_json
 from gateway.errors import (
     OpenAIError,
@@ -39,12 +45,15 @@ from gateway.generation import (
     unless_disconnected,
 )
 from gateway.guard import GUARD, open_guarded, principal_of
+from gateway.limits import check_tgi_fields, output_ceiling
 from gateway.metrics import GenerationTrace
 from gateway.middleware import set_failure_label, set_model_label
 from gateway.openai.sampling import new_request_id
+from gateway.openapi import Answer, ErrorResponse, TGIErrorResponse, documented
 from gateway.sse import SSEResponse
 from gateway.state import GatewayState, gateway_state
-from gateway.tgi.info import info_body
+from gateway.tgi import schema
+from gateway.tgi.info import info_body, loading_response
 from gateway.tgi.requests import (
     TGIPlan,
     TGIRequest,
@@ -87,6 +96,18 @@ class TGIRoute(APIRoute):
 
 
 router = APIRouter(route_class=TGIRoute)
+# TGI answers every input problem with 422
+_ERRORS = (401, 403, 404, 422, 429, 500, 502, 503, 504)
+_BODY_LIMIT = {413: ErrorResponse}  # gateway/limits.py answers before the route, in OpenAI's shape
+_TIMING = {name: {"description": "Milliseconds (tokens, for x-*-tokens).",
+                  "schema": {"type": "string"}}
+           for name in ("x-prompt-tokens", "x-generated-tokens", "x-total-time")}
+
+
+def _docs(*answers: Answer, body: type[schema.GenerateRequest] = schema.GenerateRequest,
+          ) -> dict[str, Any]:
+    return documented(*answers, body=body, errors=_ERRORS, error=TGIErrorResponse,
+                      error_overrides=_BODY_LIMIT, model_header=True)
 
 
 @dataclass(frozen=True)
@@ -149,7 +170,9 @@ async def prepare(request: Request, *, stream: bool | None) -> tuple[Prepared, b
     """Authenticate, parse, validate (TGI's checks, lengths included); `stream` None: the body's."""
     state = gateway_state(request)
     principal = principal_of(request)
-    body: TGIRequest = parse_request(await read_json(request))
+    data = await read_json(request)
+    check_tgi_fields(data, state.settings.request_limits())
+    body: TGIRequest = parse_request(data)
     entry = resolve_model(state, request)
     set_model_label(request.scope, entry.name)
     await state.access.authorize(principal, entry.name)
@@ -159,6 +182,9 @@ async def prepare(request: Request, *, stream: bool | None) -> tuple[Prepared, b
     backend = entry.router
     info = backend.info()
     count, ids = await _prompt(backend, info, body.inputs, todo)
+    cap = state.settings.max_output_tokens  # also the ceiling of the default (100) or null
+    limit = output_ceiling(todo.sampling.max_tokens, count, info.max_total_tokens, cap)
+    todo = replace(todo, sampling=replace(todo.sampling, max_tokens=limit))
     check_length(count, todo.sampling.max_tokens, info)
     gen_request = GenerationRequest(
         request_id=new_request_id(), sampling=todo.sampling, prompt=body.inputs,
@@ -203,20 +229,28 @@ async def _stream(request: Request, ready: Prepared) -> Response:
     return SSEResponse(stream_events(gen, ready.view))
 
 
-@router.post("/generate", response_model=None, dependencies=[GUARD])
+@router.post("/generate", response_model=None, dependencies=[GUARD], **_docs(
+    Answer(200, "The generated text (and details when asked).", model=schema.GenerateResponse,
+           headers=_TIMING)))
 async def generate(request: Request) -> Response:
     ready, _ = await prepare(request, stream=False)
     body, headers = await _whole(request, ready)
     return JSONResponse(body, headers=headers)
 
 
-@router.post("/generate_stream", response_model=None, dependencies=[GUARD])
+@router.post("/generate_stream", response_model=None, dependencies=[GUARD], **_docs(
+    Answer(200, "One server-sent event per token (TGI sends no [DONE]).",
+           stream=schema.TGIStreamEvent, stream_done=False)))
 async def generate_stream(request: Request) -> Response:
     ready, _ = await prepare(request, stream=True)
     return await _stream(request, ready)
 
 
-@router.post("/", response_model=None, dependencies=[GUARD])
+@router.post("/", response_model=None, dependencies=[GUARD], **_docs(
+    Answer(200, "A list of one answer; with `stream`, one server-sent event per token.",
+           model=schema.CompatGenerateResponse, stream=schema.TGIStreamEvent,
+           stream_done=False, headers=_TIMING),
+    body=schema.CompatGenerateRequest))
 async def compat_generate(request: Request) -> Response:
     """TGI's (and the Inference API's) route: streams when `stream`, else a list of one."""
     ready, streamed = await prepare(request, stream=None)
@@ -226,9 +260,17 @@ async def compat_generate(request: Request) -> Response:
     return JSONResponse([body], headers=headers)
 
 
-@router.get("/info", response_model=None)
+@router.get("/info", response_model=None, **documented(
+    Answer(200, "The model's limits and engine settings (`x-model` chooses the model).",
+           model=schema.Info),
+    errors=(404, 422, 503), error=TGIErrorResponse, secured=False,
+    model_header=True))
 async def info(request: Request) -> Response:
     state = gateway_state(request)
     entry = resolve_model(state, request)
-    model_info = entry.router.info()
-    return JSONResponse(info_body(model_info, version=request.app.version))
+    try:
+        model_info = entry.router.info()
+    except BackendUnavailable as exc:  # still loading: which stage (gateway/tgi/info.py)
+        return await loading_response(entry.deployments, exc)
+    return JSONResponse(info_body(model_info, version=request.app.version,
+                                  limits=state.settings.request_limits()))

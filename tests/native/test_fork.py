@@ -282,16 +282,19 @@ def test_a_failed_step_drops_its_queued_block_copies(path: Path) -> None:
 
     engine.grammars.submit_masks = broken  # type: ignore[method-assign]
     outputs = engine.step()  # the choices' writes queued a copy, then the step failed
+    assert outputs == [] and engine.block_manager.take_copies() == []
+    while engine.has_work():  # each choice retried alone: the first fails the request
+        outputs += engine.step()
     assert sorted((o.index, o.finish_reason) for o in outputs) == [(0, "error"), (1, "error")]
-    assert engine.block_manager.take_copies() == []
     assert_all_blocks_free(engine)
 
 
 def test_a_failure_while_appending_tokens_fails_the_requests_and_keeps_finished_outputs(
     path: Path,
 ) -> None:
-    """The step's requests fail (their K/V may be suspect); a choice that already finished
-    in that step still reports it, or its stream would wait forever."""
+    """The step is retried without the finished choice, each request alone: "bad" fails
+    again and fails; a choice that already finished in that step still reports it, or its
+    stream would wait forever."""
     engine = make_engine(path, block_size=8)
     done = engine.add_request("done", _prompt(5, seed=3), SamplingParams(
         max_tokens=2, temperature=0.0, ignore_eos=True))
@@ -300,6 +303,8 @@ def test_a_failure_while_appending_tokens_fails_the_requests_and_keeps_finished_
     _choices(bad)[1].extras["detokenizer"].add = None  # calling it raises TypeError
     outputs = engine.step()  # "done" appends (and finishes) first, then "bad#1" raises
     assert done.is_finished and done.finish_reason == "length"
+    while engine.has_work():
+        outputs += engine.step()
     finals = {(o.request_id, o.index): o.finish_reason for o in outputs if o.finished}
     assert finals == {("done", 0): "length", ("bad", 0): "error", ("bad", 1): "error"}
     assert not engine.has_work()

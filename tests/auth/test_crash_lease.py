@@ -1,0 +1,71 @@
+"""A gateway killed outright (SIGKILL) while it holds a parallel-request slot leaks nothing
+in Redis: the slot stays held until its lease's deadline (--auth-lease-ttl), then frees itself
+for every replica, and no usage is invented for the request that died with it."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import openai
+import pytest
+import redis
+
+from tests.auth.conftest import ADMIN_KEY, RedisServer, create_key
+from tests.gateway.drain_server import GatewayProcess
+
+TTL_S = 2
+HI = [{"role": "user", "content": "hello there"}]
+
+
+def _sdk(gateway: GatewayProcess, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=key, max_retries=0, timeout=30)
+
+
+def _redis_now_ms(client: redis.Redis) -> float:
+    seconds, micros = client.time()
+    return seconds * 1000 + micros / 1000
+
+
+def test_a_killed_gateways_lease_expires_after_its_ttl(
+        redis_server: RedisServer, tmp_path: Path) -> None:
+    env = {"SWITCHYARD_REDIS_URL": redis_server.url, "SWITCHYARD_ADMIN_KEY": ADMIN_KEY,
+           "SWITCHYARD_AUTH_LEASE_TTL": str(TTL_S)}
+    spawned = [GatewayProcess.spawn(tmp_path, env, name) for name in ("victim", "survivor")]
+    try:
+        victim, survivor = (g.ready(tmp_path / f"{n}.port")
+                            for g, n in zip(spawned, ("victim", "survivor"), strict=True))
+        key = create_key(victim.url, name="crash", parallel=1)
+        inflight = f"sy:{{{key['id']}}}:inflight"
+        stream = _sdk(victim, key["key"]).chat.completions.create(
+            model="slow", messages=HI, max_tokens=300, stream=True,
+            extra_body={"ignore_eos": True})
+        next(iter(stream))
+        with redis.Redis(port=redis_server.port) as client:
+            [(_, deadline_ms)] = client.zrange(inflight, 0, -1, withscores=True)
+            victim.proc.kill()
+            victim.proc.wait(10)
+            assert client.zcard(inflight) == 1  # nobody released it
+            with pytest.raises(openai.RateLimitError):
+                _sdk(survivor, key["key"]).chat.completions.create(
+                    model="slow", messages=HI, max_tokens=1)
+            reply = _until_admitted(survivor, key["key"])
+            assert _redis_now_ms(client) >= deadline_ms  # admitted only once the lease expired
+            assert reply.choices[0].message.content
+            assert client.exists(inflight) == 0  # the survivor's own lease was released
+            usage = client.hgetall(f"sy:{{{key['id']}}}:usage")
+        assert usage[b"requests:slow"] == b"1"  # the survivor's request alone
+    finally:
+        for gateway in spawned:
+            gateway.stop()
+
+
+def _until_admitted(gateway: GatewayProcess, key: str) -> openai.types.chat.ChatCompletion:
+    deadline = time.monotonic() + TTL_S + 5
+    while True:
+        try:
+            return _sdk(gateway, key).chat.completions.create(
+                model="slow", messages=HI, max_tokens=1)
+        except openai.RateLimitError:
+            assert time.monotonic() < deadline, "the lease never expired"
+            time.sleep(0.1)
