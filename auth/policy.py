@@ -28,9 +28,10 @@ class RateLimited(AccessDenied):
     """A 429 that carries the x-ratelimit-* headers of the refusal."""
 
     def __init__(self, message: str, *, code: str, retry_after: float | None,
-                 headers: Mapping[str, str]) -> None:
+                 headers: Mapping[str, str], limit: str = "") -> None:
         super().__init__(message, status_code=429, code=code, retry_after=retry_after)
         self.headers = dict(headers)
+        self.limit = limit  # the limit hit: requests, tokens, parallel, budget, too_large
 
 
 def unavailable() -> AccessDenied:
@@ -165,7 +166,7 @@ class KeyAccess:
             message += f" Retry in {format_duration(retry)}."
         extra = {"x-should-retry": "false"} if final else {}
         return RateLimited(message, code=code, retry_after=None if final else retry,
-                           headers={**headers, **extra})
+                           headers={**headers, **extra}, limit=decision.reason)
 
     def _store_down(self, exc: StoreUnavailable) -> None:
         """Fail open (log, go on) or closed (503). Warnings at most every few seconds."""

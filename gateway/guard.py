@@ -34,6 +34,7 @@ from backends.base import (
     Usage,
 )
 from gateway.generation import Generation, as_openai_error, close_events, open_generation
+from gateway.key_metrics import KeyMetrics
 from gateway.metrics import GenerationTrace, RequestLabels, current_request
 from gateway.middleware import set_generation_label, set_key_label
 from gateway.response_headers import add_response_headers
@@ -109,6 +110,7 @@ class _Meter:
     admission: Admission
     prompt: _PromptTokens
     labels: RequestLabels | None = None  # the access line's tokens, when no usage came
+    key_metrics: tuple[KeyMetrics, str] | None = None  # per-key series, and the key id
     tokens: dict[int, int] = field(default_factory=dict)  # completion tokens seen, by choice
     finals: dict[int, Usage] = field(default_factory=dict)  # each finished choice's usage
     started: bool = False
@@ -146,6 +148,9 @@ class _Meter:
         with anyio.CancelScope(shield=True):
             consumed = await self.consumed()
             await self.admission.settle(consumed)
+        if self.key_metrics is not None and consumed.counted:
+            metrics, key_id = self.key_metrics
+            metrics.record_usage(key_id, consumed.prompt_tokens, consumed.completion_tokens)
         if self.labels is not None and self.labels.completion_tokens is None and self.started:
             self.labels.prompt_tokens = consumed.prompt_tokens
             self.labels.completion_tokens = consumed.completion_tokens
@@ -187,6 +192,9 @@ async def admit(request: Request, model: str, backend: Backend,
         admission = await state.access.admit(principal_of(request), model, prompt.reserve)
     except RateLimited as exc:
         add_response_headers(request.scope, exc.headers)
+        key_id = principal_of(request).key_id
+        if key_id is not None:
+            state.metrics.keys.record_refusal(key_id, exc.limit or exc.code)
         raise
     except (RequestError, BackendUnavailable) as exc:  # from counting the prompt
         raise as_openai_error(exc) from exc
@@ -201,7 +209,10 @@ async def open_guarded(
     """`open_generation`, admitted against the caller's key and settled when it ends."""
     set_generation_label(request.scope, gen_request.request_id)
     admission, prompt = await admit(request, model, backend, gen_request)
-    meter = _Meter(admission, prompt, current_request.get())
+    key_id = principal_of(request).key_id
+    keys = gateway_state(request).metrics.keys
+    meter = _Meter(admission, prompt, current_request.get(),
+                   key_metrics=None if key_id is None else (keys, key_id))
     try:
         return await open_generation(_MeteredBackend(backend, meter), gen_request, trace)
     except BaseException:

@@ -23,6 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from backends.base import Backend, BackendStats, RequestTimings, Usage
+from gateway.key_metrics import KeyMetrics
 from gateway.routing_metrics import DeploymentCollector, Deployments
 
 log = logging.getLogger("switchyard.gateway")
@@ -194,6 +195,7 @@ class GatewayMetrics:
         self._backends = backends
         self.registry = CollectorRegistry(auto_describe=True)
         self._http_metrics()
+        self.keys = KeyMetrics(self.registry)
         self._request_metrics()
         self._latency_metrics()
         self.registry.register(BackendCollector(backends))

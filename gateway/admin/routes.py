@@ -93,6 +93,7 @@ async def update_key(request: Request, key_id: str) -> JSONResponse:
 async def revoke_key(request: Request, key_id: str) -> JSONResponse:
     with _key_errors():
         await _key_admin(request).revoke(key_id)
+    gateway_state(request).metrics.keys.forget(key_id)
     log.info("revoked API key %s", key_id)
     return JSONResponse({"id": key_id, "object": "api_key", "deleted": True})
 

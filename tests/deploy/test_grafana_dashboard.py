@@ -36,6 +36,8 @@ REQUIRED = {
     "KV cache size": "switchyard_kv_blocks_total",
     "prefix cache hits": "switchyard_prefix_cache_hits_total",
     "rate-limit rejections": "tgi_request_failure",
+    "per-key usage": "switchyard_key_tokens_total",
+    "per-key rate-limit rejections": "switchyard_key_rate_limited_total",
     "queue rejections": "switchyard_queue_rejections_total",
     "timeouts": "switchyard_request_timeouts_total",
     "engine step failures": "switchyard_engine_step_failures_total",
