@@ -10,6 +10,12 @@ The call goes through a custom op that looks the packed weight up by handle, bec
 opaque oneDNN tensor cannot be traced: torch.compile sees the op as a black box. The handle
 is a tensor, not an int, so that one compiled decoder layer serves every layer
 (compiled_step.py): a Python int on a module would be guarded, one graph per layer.
+
+oneDNN builds (and caches, process-wide) one primitive per input row count, and each holds
+0.6 MiB or more that is never given back: a server whose prefill steps take every row count
+from 1 to 2048 grew by gigabytes. Rows are therefore padded up to a bounded set of counts
+(`row_bucket`: exact to 16, then 8 per octave, < 12.5% padding): at most 72 primitives per
+weight shape up to 2048 rows, shared by all layers (bench/linear_memory.py measures both).
 """
 
 from __future__ import annotations
@@ -25,7 +31,18 @@ log = logging.getLogger(__name__)
 BATCH_HINT = 64
 PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 
+EXACT_ROWS = 16  # row counts up to this run unpadded (decode batches)
+
 _packed_weights: list[torch.Tensor] = []  # handle -> the oneDNN tensor (one per process)
+
+
+def row_bucket(rows: int) -> int:
+    """The row count a matmul of `rows` rows runs at: `rows` itself up to EXACT_ROWS, then
+    the next of eight evenly spaced counts per power of two."""
+    if rows <= EXACT_ROWS:
+        return rows
+    step = 1 << (rows.bit_length() - 4)
+    return -(-rows // step) * step
 
 
 @torch.library.custom_op("switchyard::prepacked_linear", mutates_args=())
@@ -33,7 +50,18 @@ def prepacked_linear(
     x: torch.Tensor, handle: torch.Tensor, out_features: int, bias: torch.Tensor | None,
 ) -> torch.Tensor:
     weight = _packed_weights[int(handle)]
-    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    rows = x.reshape(-1, x.shape[-1])
+    count = rows.shape[0]
+    padded = row_bucket(count)
+    if padded != count:
+        rows = torch.cat([rows, rows.new_zeros(padded - count, rows.shape[1])])
+    out = _call_onednn(rows, weight, bias)
+    return out[:count].reshape(*x.shape[:-1], out_features)
+
+
+def _call_onednn(rows: torch.Tensor, weight: torch.Tensor,
+                  bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(rows, weight, bias, "none", [], "")
 
 
 @prepacked_linear.register_fake

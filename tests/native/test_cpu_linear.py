@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -11,8 +13,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from backends.base import SamplingParams
+from backends.native import cpu_linear
 from backends.native.config import EngineConfig
-from backends.native.cpu_linear import PrepackedLinear, can_prepack, prepack_linears
+from backends.native.cpu_linear import PrepackedLinear, can_prepack, prepack_linears, row_bucket
 from backends.native.engine import LLMEngine
 from backends.native.models.llama import FusedLinear
 from backends.quantized.resident import resident_bytes
@@ -27,7 +30,7 @@ def _linear(dtype: torch.dtype, bias: bool) -> nn.Linear:
     return nn.Linear(96, 160, bias=bias).to(dtype)
 
 
-@pytest.mark.parametrize("rows", [1, 5, 64])
+@pytest.mark.parametrize("rows", [1, 5, 17, 64, 100, 333])
 @pytest.mark.parametrize("bias", [False, True])
 def test_bf16_is_bit_identical_to_f_linear(rows: int, bias: bool) -> None:
     linear = _linear(torch.bfloat16, bias)
@@ -36,13 +39,74 @@ def test_bf16_is_bit_identical_to_f_linear(rows: int, bias: bool) -> None:
         assert torch.equal(PrepackedLinear(linear)(x), F.linear(x, linear.weight, linear.bias))
 
 
-@pytest.mark.parametrize("rows", [1, 7, 64])
+@pytest.mark.parametrize("rows", [1, 7, 64, 333])
 def test_float32_matches_f_linear(rows: int) -> None:
     linear = _linear(torch.float32, bias=True)
     x = torch.randn(rows, 96)
     with torch.inference_mode():
         got = PrepackedLinear(linear)(x)
     torch.testing.assert_close(got, F.linear(x, linear.weight, linear.bias), rtol=1e-5, atol=1e-5)
+
+
+def test_three_dimensional_input_keeps_its_shape() -> None:
+    linear = _linear(torch.bfloat16, bias=True)
+    x = torch.randn(3, 7, 96, dtype=torch.bfloat16)  # 21 rows: padded to 22 inside
+    with torch.inference_mode():
+        got = PrepackedLinear(linear)(x)
+    assert got.shape == (3, 7, 160)
+    assert torch.equal(got, F.linear(x, linear.weight, linear.bias))
+
+
+def test_row_buckets_are_few_and_waste_little() -> None:
+    buckets = [row_bucket(rows) for rows in range(1, 4097)]
+    assert buckets[:16] == list(range(1, 17))  # decode batches run exactly
+    assert all(b >= rows for rows, b in enumerate(buckets, 1))
+    assert buckets == sorted(buckets)
+    assert max((b - rows) / rows for rows, b in enumerate(buckets, 1)) < 0.125
+    assert len(set(buckets[:2048])) == 72 and len(set(buckets)) == 80
+
+
+def test_onednn_sees_only_bucketed_row_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: set[int] = set()
+    call = cpu_linear._call_onednn
+
+    def record(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+               ) -> torch.Tensor:
+        seen.add(rows.shape[0])
+        return call(rows, weight, bias)
+
+    monkeypatch.setattr(cpu_linear, "_call_onednn", record)
+    packed = PrepackedLinear(_linear(torch.float32, bias=False))
+    with torch.inference_mode():
+        for rows in range(1, 600):
+            packed(torch.randn(rows, 96))
+    assert seen == {row_bucket(rows) for rows in range(1, 600)} and len(seen) == 58
+
+
+_GROWTH_SCRIPT = """
+import torch
+from backends.native.cpu_linear import PrepackedLinear
+torch.set_num_threads(1)
+def rss():
+    return int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS")).split()[1])
+packed = PrepackedLinear(torch.nn.Linear(576, 1536, bias=False))
+x = torch.randn(700, 576)
+with torch.inference_mode():
+    packed(x[:1])
+    start = rss()
+    for rows in range(1, 700):
+        packed(x[:rows])
+print((rss() - start) / 1024)
+"""
+
+
+def test_many_row_counts_do_not_grow_memory_without_bound() -> None:
+    """oneDNN keeps ~0.6 MiB or more per row count it has seen: 699 distinct counts took
+    ~400 MiB before bucketing; bucketed they are 59 counts."""
+    run = subprocess.run([sys.executable, "-c", _GROWTH_SCRIPT], capture_output=True,
+                         text=True, check=True, cwd=Path(__file__).resolve().parents[2])
+    grown_mib = float(run.stdout.strip().splitlines()[-1])
+    assert grown_mib < 120, f"RSS grew {grown_mib:.0f} MiB over 699 row counts"
 
 
 def test_wrong_input_dtype_is_refused() -> None:
