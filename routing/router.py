@@ -44,6 +44,8 @@ log = logging.getLogger("switchyard.routing")
 Events = AsyncIterator[GenerationEvent]
 RETRYABLE = (DeploymentError, BackendUnavailable)
 OVERLOADED = "overloaded"  # a local engine at --max-concurrent-requests (RequestError 429)
+# Refusals that say "busy, not broken": the request moves on to another deployment, no cooldown.
+BUSY_CODES = frozenset({OVERLOADED, "queue_timeout"})
 # Told the name of the deployment that answers the current request (the gateway's access
 # line); the gateway sets it per request.
 served_by: ContextVar[Callable[[str], None] | None] = ContextVar(
@@ -157,10 +159,10 @@ class ModelRouter:
                 self._failed(deployment, exc)
                 failed = (attempt, exc)
             except RequestError as exc:
-                if exc.code != OVERLOADED:
+                if exc.code not in BUSY_CODES:
                     await self._end(attempt, "client_error")
                     raise
-                failed = (attempt, exc)  # full, not failing: try another, no cooldown
+                failed = (attempt, exc)  # busy, not failing: try another, no cooldown
             except Exception:
                 await self._end(attempt, "failure")
                 raise

@@ -3,6 +3,7 @@ one real redis-server for the session."""
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -43,6 +44,18 @@ def _single_thread() -> None:
     import torch
 
     torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _no_stray_log_handlers() -> Iterator[None]:
+    """A test that runs the CLI in-process installs a root stderr handler on pytest's captured
+    stream, closed after the test: later tests' log lines would hit it ("Logging error")."""
+    root = logging.getLogger()
+    before = list(root.handlers)
+    yield
+    for handler in root.handlers[:]:
+        if handler not in before and type(handler) is logging.StreamHandler:
+            root.removeHandler(handler)
 
 
 @pytest.fixture(scope="session")

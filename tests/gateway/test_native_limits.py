@@ -124,6 +124,52 @@ def test_full_queue_gets_429_with_retry_after(path: Path) -> None:
         assert (info["max_queued_requests"], info["max_queued_tokens"]) == (2, 40)
 
 
+def test_the_sdk_waits_out_retry_after_then_gets_its_answer(path: Path) -> None:
+    """A client with retries on (the SDK's default) meets a full queue: the SDK waits the
+    server's Retry-After before it asks again, and the retry is served once the queue drains."""
+    with _serve(path, step_delay=0.03, max_batch_size=1, max_queued_requests=1) as (url,
+                                                                                     backend):
+        seen: list[tuple[float, int, str | None]] = []
+
+        async def record(response: httpx.Response) -> None:
+            seen.append((time.monotonic(), response.status_code,
+                         response.headers.get("retry-after")))
+
+        http = httpx.AsyncClient(event_hooks={"response": [record]})
+        client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=3,
+                                    http_client=http)
+        prompt = _prompts(1, 8)[0]
+
+        plain = _client(url)
+
+        def stream(tokens: int) -> Any:
+            return plain.completions.create(model=MODEL, prompt=prompt, max_tokens=tokens,
+                                             temperature=0, stream=True)
+
+        async def main() -> Any:
+            running = await stream(30)
+            waiting = asyncio.ensure_future(stream(30))
+            await _until(lambda: len(backend._waiting) == 1)  # the queue is full
+            answer = await client.completions.create(model=MODEL, prompt=prompt, max_tokens=4,
+                                                     temperature=0)
+            for busy in (running, await waiting):
+                async for _ in busy:
+                    pass
+            await client.close()
+            await plain.close()
+            return answer
+
+        answer = asyncio.run(main())
+        assert len(answer.choices[0].text) > 0 and answer.usage.completion_tokens == 4
+        refused = [i for i, (_, status, _) in enumerate(seen) if status == 429]
+        assert refused, "the queue was never full"
+        for i in refused:  # every retry came no sooner than the Retry-After it was told
+            sent_at, _, retry_after = seen[i]
+            assert retry_after is not None and int(retry_after) >= 1
+            assert seen[i + 1][0] - sent_at >= int(retry_after) - 0.05
+        assert seen[-1][1] == 200
+
+
 def test_queue_and_request_timeouts(path: Path) -> None:
     """A request still waiting after --queue-timeout gets 503 before any byte, streamed or
     not; one running past --request-timeout ends: a stream with an error event (no finish

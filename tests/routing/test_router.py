@@ -123,6 +123,21 @@ async def test_a_full_engine_hands_the_request_on_without_counting_a_failure() -
     assert caught.value.status_code == 429
 
 
+async def test_a_queue_timeout_hands_the_request_on_without_counting_a_failure() -> None:
+    timed_out = RequestError("waited too long (--queue-timeout)", code="queue_timeout",
+                             status_code=503, retry_after=2.0)
+    slow, other = FakeBackend("slow", fail_open=timed_out), FakeBackend("other")
+    router = _router(slow, other)
+    events = await _run(router)
+    assert events[-1].text == "other" and slow.calls == 1
+    assert router.deployments[0].consecutive_failures == 0
+    assert _outcomes(router, "slow") == {"fallback": 1}
+    alone = _router(FakeBackend("slow", fail_open=timed_out))
+    with pytest.raises(RequestError) as caught:  # nowhere else to go: the client gets the 503
+        await _run(alone)
+    assert (caught.value.status_code, caught.value.retry_after) == (503, 2.0)
+
+
 async def test_cooldown_then_no_healthy_deployment_with_retry_after() -> None:
     clock = Clock()
     only = FakeBackend("only", fail_open=DeploymentError("down"))
