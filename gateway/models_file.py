@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from auth.keys import KeyDeclaration
 from backends.registry import BackendSpec
 from backends.transformers.options import shared_engine_flags
+from gateway.memory_size import parse_memory
 from routing.policy import RoutingPolicy
 
 
@@ -180,5 +181,15 @@ def _spec(
                 else shared_engine_flags(engine_defaults) if backend == "transformers" else {})
     if backend == "native" and not model_id:
         raise ConfigError(f"model {decl.name!r}: a native deployment needs `model_id`")
+    if backend == "native" and "kv_cache_memory" in options:
+        options = {**options, "kv_cache_memory": _memory(decl.name, options["kv_cache_memory"])}
     return BackendSpec(name=decl.name, model_id=model_id, backend=backend,
                        aliases=tuple(decl.aliases), options={**defaults, **options})
+
+
+def _memory(model: str, value: Any) -> float | None:
+    """`kv_cache_memory` as the CLI flag takes it (8GiB, 0.9, bytes)."""
+    try:
+        return parse_memory(value)
+    except ValueError as exc:
+        raise ConfigError(f"model {model!r}: kv_cache_memory: {exc}") from exc

@@ -6,7 +6,6 @@ file is read when `model_specs()` is called.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -23,6 +22,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from auth.factory import AuthConfig
 from auth.limits import LEASE_TTL_S
 from backends.registry import BackendSpec
+from gateway.memory_size import parse_memory
 from gateway.models_file import (
     ConfigError,
     ConfigFile,
@@ -44,21 +44,6 @@ _ENGINE_FIELDS = (
     "quantize", "quantized_kernels", "cache_dir",
 )
 DEFAULT_MAX_BODY_BYTES = 8 * 1024**2
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
-
-
-def parse_memory(value: Any) -> float | None:
-    """Bytes (> 1) or a fraction of free memory (<= 1); strings may carry K/M/G/T[i][B]."""
-    if value is None or isinstance(value, int | float):
-        return None if value is None else float(value)
-    match = _SIZE.match(str(value))
-    if not match:
-        raise ValueError(f"not a memory size: {value!r} (examples: 0.9, 8GiB, 512M)")
-    number, unit = float(match.group(1)), match.group(2).lower()
-    return number * _UNITS[unit]
-
-
 @dataclass(frozen=True)
 class RequestLimits:
     """What one request may ask for (gateway/limits.py enforces it; /info reports it)."""

@@ -20,7 +20,8 @@ models:
          weight: 3}
       - {backend: remote, name: backup, base_url: "http://b:8000/v1", model: llama,
          priority: 1, timeout: 30}
-      - {backend: native, model_id: /m/tiny, max_batch_size: 4, options: {block_size: 8}}
+      - {backend: native, model_id: /m/tiny, max_batch_size: 4, kv_cache_memory: 1.5GiB,
+         options: {block_size: 8}}
   - name: old-style
     model_id: /m/old
     options: {max_batch_size: 2}
@@ -46,7 +47,8 @@ def test_deployments_become_specs(tmp_path: Path) -> None:
     assert backup.spec.options["timeout"] == 30
     assert (native.name, native.spec.model_id) == ("native-2", "/m/tiny")
     assert native.spec.options.items() >= {
-        "dtype": "float32", "max_batch_size": 4, "block_size": 8}.items()
+        "dtype": "float32", "max_batch_size": 4, "block_size": 8,
+        "kv_cache_memory": 1.5 * 1024**3}.items()
     (only,) = old.deployments
     assert (only.name, only.spec.model_id, only.spec.backend) == ("native-0", "/m/old", "native")
     assert only.spec.options.items() >= {"dtype": "float32", "max_batch_size": 2}.items()
@@ -84,6 +86,8 @@ def test_routing_defaults(tmp_path: Path) -> None:
     ("models: [\n", "not valid YAML"),
     ("models:\n  - {name: x, deployments: [{backend: native}]}\n",
      "a native deployment needs `model_id`"),
+    ("models:\n  - {name: x, model_id: /m, options: {kv_cache_memory: lots}}\n",
+     "model 'x': kv_cache_memory: not a memory size: 'lots'"),
 ])
 def test_mistakes_name_the_field(tmp_path: Path, body: str, named: str) -> None:
     with pytest.raises(ConfigError) as caught:
