@@ -109,7 +109,9 @@ async def send_bad(http: httpx.AsyncClient, path: str, body: Any, key: str) -> R
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
     response = await http.post(path, content=content, headers={
         "Authorization": f"Bearer {key}", "Content-Type": "application/json"})
-    outcome = "client_error" if 400 <= response.status_code < 500 else "failed"
+    # 429 / 503 come before the body is read (admission; keys need Redis): the same
+    # outcomes as for a good body, so a 503 outside the Redis outage still fails the soak
+    outcome = _status_outcome(response.status_code)
     return Result(outcome, "kept", detail=f"bad body to {path}: {response.status_code}")
 
 
