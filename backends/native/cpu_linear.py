@@ -102,8 +102,12 @@ class PrepackedLinear(nn.Module):
 
 
 def can_prepack(device: torch.device, dtype: torch.dtype) -> bool:
-    return (device.type == "cpu" and dtype in PACKABLE_DTYPES
-            and torch.backends.mkldnn.is_available())
+    """oneDNN on a CPU, and for bf16 a CPU whose oneDNN has a bf16 path (AVX-512 or
+    AVX-NE-CONVERT: an AVX2-only CPU has none, and packing would raise)."""
+    if device.type != "cpu" or dtype not in PACKABLE_DTYPES or \
+            not torch.backends.mkldnn.is_available():
+        return False
+    return dtype != torch.bfloat16 or bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def prepack_linears(model: nn.Module) -> int:
