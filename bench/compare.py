@@ -140,9 +140,10 @@ def build_runs(names: list[str], quick: bool, seed: int) -> list[Run]:
     runs: list[Run] = []
     if "w1" in names:
         requests, new, streams = (16, 16, (16,)) if quick else (64, 64, (16, 64))
-        prompts = random_prompts(requests, 128, vocab, seed)
         warm = random_prompts(2, 128, vocab, seed + 1000)
-        runs += [Run("w1", "w1", c, new, list(prompts), warm) for c in streams]
+        # Each row its own prompts: the x64 row must not find the x16 row's in a prefix cache.
+        runs += [Run("w1", "w1", c, new, random_prompts(requests, 128, vocab, seed + c), warm)
+                 for c in streams]
     if "default" in names:
         shapes = ((1, 4, 64),) if quick else ((1, 16, 128), (16, 32, 128))
         for streams, requests, new in shapes:
@@ -158,6 +159,18 @@ def build_runs(names: list[str], quick: bool, seed: int) -> list[Run]:
         runs.append(Run("long", "w1", streams, new, random_prompts(requests, 1500, vocab, seed),
                         random_prompts(2, 1500, vocab, seed + 1000)))
     return runs
+
+
+def retry_prompts(prompts: list[Prompt], attempt: int) -> list[Prompt]:
+    """The prompts of a row's `attempt`-th retry: as long as the first ones, but none of their
+    tokens in the same place, so that nothing the first try left in a prefix cache is reused
+    (token ids are shifted within [100, vocab), texts get a prefix). Every engine's retry k
+    gets the same ones; a shared prefix stays shared."""
+    if attempt == 0:
+        return prompts
+    span = LLAMA_125M["vocab_size"] - 100
+    return [f"(Take {attempt + 1}.) {p}" if isinstance(p, str)
+            else [100 + (t - 100 + 7919 * attempt) % span for t in p] for p in prompts]
 
 
 def shared_prefix(count: int, vocab: int, seed: int) -> list[Prompt]:
@@ -356,8 +369,8 @@ def timed_run(server: peers.Server, run: Run, args: argparse.Namespace) -> dict[
     for attempt in range(args.retries + 1):
         quiet = quiet_gate(server, args)
         meter = LoadMeter(server.proc.pid)
-        result = run_load(server.url, SERVED_NAME, run.prompts, run.max_tokens,
-                          run.concurrency)
+        result = run_load(server.url, SERVED_NAME, retry_prompts(run.prompts, attempt),
+                          run.max_tokens, run.concurrency)
         during = meter.other_pct()
         metrics = result.metrics()
         noisy = not args.no_quiet_gate and during >= args.quiet_threshold
