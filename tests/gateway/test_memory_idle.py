@@ -78,12 +78,13 @@ async def _stream(http: httpx.AsyncClient, path: str, body: dict[str, Any],
 
 
 async def _hang_up(http: httpx.AsyncClient, path: str, body: dict[str, Any]) -> str:
-    """A non-streamed request whose client gives up before the answer."""
+    """A non-streamed request whose client gives up before the answer (or its status, when
+    the server answered first: a busy server may refuse it at once with a 429)."""
     try:
-        await http.post(path, json=body, timeout=0.25)
+        response = await http.post(path, json=body, timeout=0.25)
     except httpx.TimeoutException:
         return "hung up"
-    return "answered"
+    return str(response.status_code)
 
 
 def _burst(http: httpx.AsyncClient) -> list[Any]:
