@@ -51,6 +51,7 @@ from backends.native.prompt_checks import (
 )
 from backends.native.queue_limits import WaitingRequests
 from backends.native.startup_cache import LoadStages
+from backends.torch_thread import start_torch_thread
 
 if TYPE_CHECKING:
     from backends.native.structured import CompiledGrammar
@@ -92,13 +93,11 @@ class NativeBackend:
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        try:
-            self.engine = await asyncio.to_thread(self._load)
+        try:  # one thread loads and steps: see torch_thread
+            self._thread, self.engine = await start_torch_thread("engine", self._load, self._run)
         except Exception as exc:
             self._error = f"loading failed: {exc}"
             raise
-        self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
-        self._thread.start()
 
     def _load(self) -> LLMEngine:
         if self.config.num_threads:
@@ -296,11 +295,7 @@ class NativeBackend:
                      max_input_tokens=loaded.max_input_tokens,
                      max_total_tokens=loaded.max_total_tokens)
 
-    def _run(self) -> None:
-        engine = self.engine
-        assert engine is not None
-        if self.config.num_threads:
-            torch.set_num_threads(self.config.num_threads)
+    def _run(self, engine: LLMEngine) -> None:
         try:
             self._serve(engine)
         except BaseException as exc:  # noqa: BLE001 - the thread is dying: say so, and why

@@ -40,6 +40,7 @@ from backends.native.prompt_checks import (
     encode_request,
     overloaded,
 )
+from backends.torch_thread import start_torch_thread
 from backends.transformers.loading import LoadedHF, load
 from backends.transformers.options import TransformersOptions
 from backends.transformers.runner import Job, run_job
@@ -71,14 +72,13 @@ class TransformersBackend:
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        try:
-            self.loaded = await asyncio.to_thread(self._load)
+        try:  # one thread loads and generates: see torch_thread
+            self._thread, self.loaded = await start_torch_thread(
+                "transformers", self._load, self._run)
         except Exception as exc:
             self._error = f"loading failed: {exc}"
             raise
         self._texts = TokenTexts(self.loaded.tokenizer)
-        self._thread = threading.Thread(target=self._run, name="transformers", daemon=True)
-        self._thread.start()
 
     def _load(self) -> LoadedHF:
         if self.options.num_threads:
@@ -217,11 +217,7 @@ class TransformersBackend:
             raise BackendUnavailable(self._error or "the model is still loading")
         return self.loaded
 
-    def _run(self) -> None:
-        loaded = self.loaded
-        assert loaded is not None
-        if self.options.num_threads:
-            torch.set_num_threads(self.options.num_threads)
+    def _run(self, loaded: LoadedHF) -> None:
         while True:
             job = self._inbox.get()
             if not isinstance(job, Job):  # _STOP
