@@ -8,10 +8,12 @@ shared by every layer.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+import torch.fx.experimental._config as fx_config
 import torch.nn.functional as F
 
 
@@ -126,8 +128,10 @@ def _decode_attention(
         q = torch.cat((q, q))
         tables = torch.cat((tables, tables))
         mask = torch.cat((mask, mask))
-        return _compiled_decode()(q, k_cache, v_cache, tables, mask, scale)[:1]
-    return _compiled_decode()(q, k_cache, v_cache, tables, mask, scale)
+        with no_duck_shapes():
+            return _compiled_decode()(q, k_cache, v_cache, tables, mask, scale)[:1]
+    with no_duck_shapes():
+        return _compiled_decode()(q, k_cache, v_cache, tables, mask, scale)
 
 
 def _decode_eager(
@@ -170,6 +174,20 @@ def _decode_fused(
     total = weights.sum(dim=(1, 4))  # [B, KVH, G]
     out = (weights.unsqueeze(-1) * values).sum(dim=(1, 4)) / total.unsqueeze(-1)
     return out.reshape(b, h, d).to(q.dtype)
+
+
+@contextmanager
+def no_duck_shapes() -> Iterator[None]:
+    """No duck shapes while tracing: sizes that happen to be equal in the traced call (a
+    batch of two rows and a table two blocks wide, as in the warm-up) must not be tied, or
+    the first step where they differ compiles again (0.5 s inside a client's request). A
+    plain attribute set: `config.patch` costs ~50 us a call."""
+    saved = fx_config.use_duck_shape
+    fx_config.use_duck_shape = False
+    try:
+        yield
+    finally:
+        fx_config.use_duck_shape = saved
 
 
 @functools.cache

@@ -18,17 +18,15 @@ from __future__ import annotations
 import logging
 import time
 import types
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 import torch._dynamo
-import torch.fx.experimental._config as fx_config
 from torch import nn
 from torch._inductor.compile_fx import compile_fx
 
-from backends.native.attention import DecodeMetadata, KVCache, decode_mask
+from backends.native.attention import DecodeMetadata, KVCache, decode_mask, no_duck_shapes
 from backends.native.sequence import Sequence as Seq
 
 log = logging.getLogger(__name__)
@@ -126,7 +124,7 @@ class CompiledDecodeStep:
         batch_dims = () if rows.shape[0] == 1 else (0,)  # batch 1 gets graphs of its own
         _dynamic(rows, *batch_dims, 1)
         try:
-            with _tracing_config():
+            with no_duck_shapes():
                 return self._forward(rows, batch_dims)
         except (torch._dynamo.exc.TorchDynamoException,
                 torch._dynamo.exc.FailOnRecompileLimitHit) as exc:
@@ -165,15 +163,3 @@ class CompiledDecodeStep:
 def _dynamic(tensor: torch.Tensor, *dims: int) -> None:
     for dim in dims:
         torch._dynamo.mark_dynamic(tensor, dim)
-
-
-@contextmanager
-def _tracing_config() -> Iterator[None]:
-    """No duck shapes while tracing: a batch size equal to the table's width must not tie
-    the two. A plain attribute set: `config.patch` costs ~50 us a step."""
-    saved = fx_config.use_duck_shape
-    fx_config.use_duck_shape = False
-    try:
-        yield
-    finally:
-        fx_config.use_duck_shape = saved

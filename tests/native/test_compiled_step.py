@@ -73,6 +73,23 @@ def test_warmup_compiles_both_graphs(engines: tuple[LLMEngine, LLMEngine]) -> No
     assert step.num_graphs == 6  # embed, one layer, logits: each for batch 1 and a dynamic batch
 
 
+def test_a_mixed_step_of_new_proportions_compiles_nothing(
+    engines: tuple[LLMEngine, LLMEngine],
+) -> None:
+    """The warm-up's mixed step attends two decode rows over tables two blocks wide; a step
+    whose rows and table width differ must reuse that attention graph (duck sizing tied the
+    two sizes, and the first such step compiled again inside a client's request)."""
+    compiled = engines[0]
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    compiled.add_request("long", _prompts(2, seed=5)[1], _greedy(4))  # 17 tokens: 5 blocks
+    compiled.step()
+    compiled.add_request("short", [5, 6, 7], _greedy(4))
+    compiled.step()  # one decode row (padded to two) over 5 blocks, beside a prefill
+    while compiled.has_work():
+        compiled.step()
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
+
+
 @pytest.mark.parametrize("batch", [1, 2, 3, 5, 8, 13])
 def test_same_tokens_as_eager(engines: tuple[LLMEngine, LLMEngine], batch: int) -> None:
     compiled, eager = engines
