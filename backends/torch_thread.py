@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import logging
 import threading
 from collections.abc import Callable
 from typing import TypeVar
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
+_started: list[threading.Thread] = []  # every torch thread this process started
 
 
 async def start_torch_thread(
@@ -53,5 +57,17 @@ async def start_torch_thread(
 
     context = contextvars.copy_context()  # as asyncio.to_thread would
     thread = threading.Thread(target=context.run, args=(body,), name=name, daemon=True)
+    _warn_if_not_alone(name)
+    _started.append(thread)
     thread.start()
     return thread, await loaded
+
+
+def _warn_if_not_alone(name: str) -> None:
+    _started[:] = [t for t in _started if t.is_alive()]
+    if _started:
+        log.warning(
+            "model thread %r starts beside %s in this process: with two threads running torch, "
+            "OpenMP's workers sleep between parallel regions and steps can take up to 2x "
+            "longer; serve one native or transformers model per process where speed matters",
+            name, ", ".join(repr(t.name) for t in _started))

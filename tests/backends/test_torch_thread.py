@@ -62,6 +62,26 @@ async def test_the_load_sees_the_callers_context_variables() -> None:
     assert loaded == "the caller"
 
 
+async def test_a_second_live_torch_thread_is_warned_about(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    release = threading.Event()
+    first, _ = await start_torch_thread("first", lambda: None, lambda _: release.wait(10))
+    with caplog.at_level("WARNING", logger="backends.torch_thread"):
+        second, _ = await start_torch_thread("second", lambda: None, lambda _: None)
+    release.set()
+    await asyncio.to_thread(first.join, 10)
+    await asyncio.to_thread(second.join, 10)
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and "'second' starts beside" in warnings[0]
+    assert "'first'" in warnings[0] and "2x" in warnings[0]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="backends.torch_thread"):
+        await start_torch_thread("third", lambda: None, lambda _: None)  # the others ended
+    assert not any("'first'" in r.getMessage() or "'second'" in r.getMessage()
+                   for r in caplog.records)
+
+
 def _record_threads(monkeypatch: pytest.MonkeyPatch, owner: Any, names: list[str]) -> set[int]:
     """Wrap `owner.<name>` for each name so that each call records its thread."""
     threads: set[int] = set()
