@@ -50,7 +50,11 @@ def _argmax(processed: torch.Tensor, raw: torch.Tensor) -> torch.Tensor:
     """Greedy choice per row; a row the processors left without any token (or NaN) falls
     back to the raw argmax rather than to token 0."""
     chosen = processed.argmax(dim=-1)
-    dead = ~(processed > float("-inf")).any(dim=-1)
+    # argmax returns a NaN's index if the row has one, and a -inf's if the row has nothing
+    # else: the chosen value alone says whether the row is dead (no pass over the vocabulary).
+    dead = ~(processed.gather(1, chosen.unsqueeze(1)).squeeze(1) > float("-inf"))
+    if not bool(dead.any()):
+        return chosen
     return torch.where(dead, raw.argmax(dim=-1), chosen)
 
 

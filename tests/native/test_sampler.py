@@ -309,6 +309,16 @@ def test_a_row_without_any_allowed_token_falls_back_to_the_raw_argmax() -> None:
         assert out.token_ids == logits.argmax(-1).tolist()
 
 
+def test_only_the_row_without_an_allowed_token_falls_back() -> None:
+    vocab = 40
+    logits = _logits(2, vocab=vocab, seed=6)
+    mask = torch.zeros(2, math.ceil(vocab / 32), dtype=torch.int32)
+    mask[0, 0] = 1 << 3  # row 0 may say token 3 only; row 1 nothing
+    out = sample(logits, [_seq(seed=1, temperature=0.0) for _ in range(2)], torch.Generator(),
+                 bitmask=mask)
+    assert out.token_ids == [3, int(logits[1].argmax())]
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_the_grammar_beats_min_tokens_when_it_allows_only_stop_tokens(
     temperature: float,
