@@ -90,9 +90,9 @@ class Int4Linear(nn.Module):
         sz = self.scale_zeros.to(self.dtype)
         # Contiguous [G, 1, N] operands: strided ones (every other element of scale_zeros)
         # sent bf16 addcmul down a path ~8x slower.
-        scale = sz[:, :, 0].contiguous().unsqueeze(1)
-        zero = (sz[:, :, 1] - 8 * sz[:, :, 0]).contiguous().unsqueeze(1)
-        w = torch.addcmul(zero, q, scale).view(k, n)
+        scale = sz[:, :, 0].contiguous()
+        zero = sz[:, :, 1] - 8 * scale  # a new, contiguous tensor
+        w = torch.addcmul(zero.unsqueeze(1), q, scale.unsqueeze(1)).view(k, n)
         return w if self.repeats == 1 else w.view(self.repeats, -1, n).sum(0)
 
     def rows(self, index: torch.Tensor) -> torch.Tensor:

@@ -96,9 +96,14 @@ def _record_threads(monkeypatch: pytest.MonkeyPatch, owner: Any, names: list[str
     return threads
 
 
-async def _generate(backend: Any) -> list[Any]:
-    request = GenerationRequest("r1", GREEDY, prompt_token_ids=[5, 6, 7])
-    return [event async for event in backend.generate(request)]
+async def _serve_one_request(backend: Any) -> list[Any]:
+    """Start `backend`, stream one request through it, close it; the request's events."""
+    await backend.start()
+    try:
+        request = GenerationRequest("r1", GREEDY, prompt_token_ids=[5, 6, 7])
+        return [event async for event in backend.generate(request)]
+    finally:
+        await backend.close()
 
 
 async def test_the_native_engine_loads_and_steps_in_its_engine_thread(
@@ -108,11 +113,7 @@ async def test_the_native_engine_loads_and_steps_in_its_engine_thread(
     backend = NativeBackend(EngineConfig(
         model=str(tiny_model("llama_gqa")), dtype="float32", max_total_tokens=64,
         max_batch_total_tokens=256, block_size=8, compile=False))
-    await backend.start()
-    try:
-        events = await _generate(backend)
-    finally:
-        await backend.close()
+    events = await _serve_one_request(backend)
     assert events[-1].finish_reason == "length"
     assert threads and threads != {threading.get_ident()}
     assert len(threads) == 1  # built and stepped by the same thread
@@ -124,10 +125,6 @@ async def test_the_transformers_backend_loads_and_generates_in_one_thread(
     threads = _record_threads(monkeypatch, transformers_backend, ["load", "run_job"])
     backend = TransformersBackend(str(tiny_model("llama_gqa")),
                                   TransformersOptions(dtype="float32", max_total_tokens=64))
-    await backend.start()
-    try:
-        events = await _generate(backend)
-    finally:
-        await backend.close()
+    events = await _serve_one_request(backend)
     assert events[-1].finish_reason == "length"
     assert len(threads) == 1 and threads != {threading.get_ident()}
