@@ -6,8 +6,9 @@ its module class (only classes of `backends.quantized`) and its plain attributes
 the entry rebuilds the same modules without running their constructors: no pickle, nothing
 executed from the cache.
 
-The packing layout depends on the CPU's ISA and the torch version, the modules on the engine's
-code: `variant()` puts all of them in the entry's name.
+The packing layout depends on the CPU's ISA, the torch version and whether the int8-dot
+kernels run here, the modules on the engine's code: `variant()` puts all of them in the
+entry's name.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from backends.quantized.int8_dot.build import active_variant
 from backends.quantized.loading import QuantizedLinears
 
 FORMAT = 1
@@ -42,7 +44,7 @@ def variant(device: torch.device, dtype: torch.dtype, settings: str) -> str:
     """The entry name for this machine, torch, engine code and load settings."""
     facts = [
         str(FORMAT), torch.__version__, torch.backends.cpu.get_cpu_capability(), str(device),
-        str(dtype), settings, _code_fingerprint(),
+        str(dtype), settings, _code_fingerprint(), str(active_variant()),
     ]
     return "weights-" + hashlib.sha256("\n".join(facts).encode()).hexdigest()[:16]
 

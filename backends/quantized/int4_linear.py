@@ -1,20 +1,28 @@
-"""Int4Linear: 4-bit weights packed for torch's weight-only int4 kernels.
+"""Int4Linear: 4-bit weights packed for a weight-only int4 kernel.
 
-CPU: `aten._weight_int4pack_mm_for_cpu` below `DENSE_MIN_ROWS` rows (decode, decode batches),
-always fed bf16 activations (see `KERNEL_DTYPE`); from there on (prefill) the packed weight is
-dequantized into a [K, N] buffer in the engine's dtype and multiplied there: the kernel's cost
-grows with rows, the dequantization's does not. The packing's layout is read off a probe once
-per process (`int4_layout.py`); where it is unknown the dense path and packed row reads are off.
+CPU, where the int8-dot kernels build for this CPU (`int8_dot/`, AVX-512 VNNI or AVX2): inputs
+quantized to int8 per 32 columns in two passes (`INT8_DOT_FINE`), integer dot products, below
+`INT8_DOT_DENSE_MIN_ROWS` rows; from there on dequantize + matmul as below.
+CPU otherwise: `aten._weight_int4pack_mm_for_cpu` below `DENSE_MIN_ROWS` rows (decode, decode
+batches), always fed bf16 activations (see `KERNEL_DTYPE`); from there on (prefill) the packed
+weight is dequantized into a [K, N] buffer in the engine's dtype and multiplied there: the
+kernel's cost grows with rows, the dequantization's does not. The packing's layout is read off a
+probe once per process (`int4_layout.py`); where it is unknown the dense path and packed row
+reads are off.
 CUDA: torch's tinygemm (`aten._weight_int4pack_mm`, sm80+, bf16), else dequantize + matmul.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 from torch import nn
 
 from backends.quantized.affine import AffineInt4
 from backends.quantized.int4_layout import Int4PackLayout, cpu_int4_layout
+from backends.quantized.int8_dot import layout as dot_layout
+from backends.quantized.int8_dot.build import active_variant
 
 # From here on dequantize + matmul beats the CPU int4 kernel. Measured on 2 cores: about 48
 # rows for a 2304 x 768 weight, but above 256 for a 49152-row lm_head (dequantizing it costs
@@ -25,6 +33,15 @@ DENSE_MIN_ROWS = 128
 # 0.12 / 0.79 / 2.8 ms bf16; AVX2 3.4 / 49 / 196 vs 0.23 / 1.7 / 4.3 ms): the kernel does not
 # use bf16 matmul hardware, so this holds where bf16 matmuls are slow, too.
 KERNEL_DTYPE = torch.bfloat16
+# rows() of the int8-dot layout turns float16 scales into bf16 ones inside compiled graphs:
+# inductor notes the mix; it computes them in float32 all the same.
+warnings.filterwarnings("ignore", message="bf16 and fp16 are mixed in the scheduler node")
+# Two int8 passes per input (x ~ (q + rest / 254) * scale): the default model's logits within
+# 0.012 of the dense fp32 model's in fp32 (0.42 with torch's kernel, bf16 inputs); one pass,
+# llama.cpp's Q8 inputs, was 2.4 off (outlier columns share a block's scale) for ~1.8x speed.
+INT8_DOT_FINE = True
+# Prefill of 16 prompts (374 rows), default model: dequantize + matmul 0.54 s, the kernel 0.66.
+INT8_DOT_DENSE_MIN_ROWS = 128
 
 
 class Int4Linear(nn.Module):
@@ -45,15 +62,23 @@ class Int4Linear(nn.Module):
         self.group_size, self.repeats = group, weight.repeats
         self.kernel = _pick_kernel(device, dtype)
         self.dtype = dtype  # the engine's: inputs, outputs and the dequantized weight
-        self.kernel_dtype = dtype if self.kernel == "dequantize" else KERNEL_DTYPE
         self.register_buffer("perm", None if weight.perm is None else weight.perm.to(device))
         self.register_buffer("bias", None if bias is None else bias.to(device, dtype))
-        self.register_buffer("packed", _pack(weight.q, self.kernel, device))
-        scale, zero = weight.scale.to(self.kernel_dtype), weight.zero.to(self.kernel_dtype)
-        self.register_buffer("scale_zeros", torch.stack([scale.t(), zero.t()], -1).contiguous()
-                             .to(device))
+        dot_scales = _int8_dot_scales(weight) if self.kernel == "cpu-int8-dot" else None
+        if dot_scales is not None:
+            self.kernel_dtype = dtype
+            self.register_buffer("packed", dot_layout.pack(weight.q))
+            self.register_buffer("scale_zeros", dot_scales)
+        else:
+            if self.kernel == "cpu-int8-dot":
+                self.kernel = "cpu-int4pack"
+            self.kernel_dtype = dtype if self.kernel == "dequantize" else KERNEL_DTYPE
+            self.register_buffer("packed", _pack(weight.q, self.kernel, device))
+            scale, zero = weight.scale.to(self.kernel_dtype), weight.zero.to(self.kernel_dtype)
+            self.register_buffer("scale_zeros", torch.stack([scale.t(), zero.t()], -1)
+                                 .contiguous().to(device))
         self.layout = _cpu_layout(self.out_features) if self.kernel == "cpu-int4pack" else None
-        self.dense_ok = self.layout is not None
+        self.dense_ok = self.layout is not None or self.kernel == "cpu-int8-dot"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -66,7 +91,12 @@ class Int4Linear(nn.Module):
         return out.view(*shape[:-1], self.out_features)
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kernel == "dequantize" or (
+        if self.kernel == "cpu-int8-dot" and x.shape[0] < INT8_DOT_DENSE_MIN_ROWS:
+            if self.repeats > 1:
+                x = x.repeat(1, self.repeats)
+            return torch.ops.switchyard_int8_dot.q4_mm(
+                x.contiguous(), self.packed, self.scale_zeros, self.group_size, INT8_DOT_FINE)
+        if self.kernel in ("dequantize", "cpu-int8-dot") or (
             self.kernel == "cpu-int4pack" and self.dense_ok and x.shape[0] >= DENSE_MIN_ROWS
         ):
             return x @ self.dequantize_kn().to(x.dtype)
@@ -80,6 +110,8 @@ class Int4Linear(nn.Module):
     def dequantize_kn(self) -> torch.Tensor:
         """The weight as [K, N] in the engine's dtype (kernel column order; halves summed)."""
         n, k = self.out_features, self.in_features * self.repeats
+        if self.kernel == "cpu-int8-dot":
+            return self._dequantize_int8_dot_kn(n, k)
         if self.kernel == "dequantize":
             q = self.packed.to(self.dtype)  # stored plain as [K, N] uint8 on this path
         elif self.layout is not None:
@@ -95,17 +127,30 @@ class Int4Linear(nn.Module):
         w = torch.addcmul(zero.unsqueeze(1), q, scale.unsqueeze(1)).view(k, n)
         return w if self.repeats == 1 else w.view(self.repeats, -1, n).sum(0)
 
+    def _dequantize_int8_dot_kn(self, n: int, k: int) -> torch.Tensor:
+        q = dot_layout.unpack_kn(self.packed, self.dtype).view(k // self.group_size, -1, n)
+        scale, zero = (t.to(self.dtype).unsqueeze(1) for t in dot_layout.scale_kn(self.scale_zeros))
+        w = torch.addcmul(zero, q, scale).view(k, n)
+        return w if self.repeats == 1 else w.view(self.repeats, -1, n).sum(0)
+
     def rows(self, index: torch.Tensor) -> torch.Tensor:
         """Rows `index` of the dequantized weight, [len(index), in_features], read straight
         from the packed tensor (a tied embedding looks tokens up here). Needs `dense_ok`."""
-        if self.layout is None:
-            raise RuntimeError("this CPU's int4 packing layout is unknown: no packed rows")
         k = self.in_features * self.repeats
-        q = self.layout.rows(self.packed, index, k)  # [T, K]
-        sz = self.scale_zeros[:, index].to(self.dtype)  # [G, T, 2]
-        scale, zero = sz[..., 0].t().unsqueeze(-1), sz[..., 1].t().unsqueeze(-1)
+        if self.kernel == "cpu-int8-dot":
+            q = dot_layout.rows(self.packed, index)
+            scale, zero = (t.to(self.dtype).unsqueeze(-1)
+                           for t in dot_layout.scale_rows(self.scale_zeros, index))
+            offset = 0
+        elif self.layout is not None:
+            q = self.layout.rows(self.packed, index, k)  # [T, K]
+            sz = self.scale_zeros[:, index].to(self.dtype)  # [G, T, 2]
+            scale, zero = sz[..., 0].t().unsqueeze(-1), sz[..., 1].t().unsqueeze(-1)
+            offset = 8
+        else:
+            raise RuntimeError("this CPU's int4 packing layout is unknown: no packed rows")
         q = q.view(len(index), -1, self.group_size).to(self.dtype)
-        w = ((q - 8) * scale + zero).view(len(index), k)
+        w = ((q - offset) * scale + zero).view(len(index), k)
         if self.repeats > 1:
             w = w.view(len(index), self.repeats, -1).sum(1)
         if self.perm is not None:
@@ -119,6 +164,8 @@ class Int4Linear(nn.Module):
 
 def int4_kernel_name(device: torch.device) -> str:
     return {
+        "cpu-int8-dot": f"int8-dot ({active_variant()}: int8 inputs per 32 columns, two passes; "
+                        f"dequantize + matmul from {INT8_DOT_DENSE_MIN_ROWS} rows)",
         "cpu-int4pack": "torch int4 weight-only mm (_weight_int4pack_mm_for_cpu, bf16 "
                         f"activations; dequantize + matmul from {DENSE_MIN_ROWS} rows)",
         "cuda-tinygemm": "torch tinygemm int4 (_weight_int4pack_mm)",
@@ -126,14 +173,20 @@ def int4_kernel_name(device: torch.device) -> str:
     }[_pick_kernel(device, torch.bfloat16)]
 
 
-def can_read_rows(out_features: int, device: torch.device) -> bool:
+def can_read_rows(out_features: int, in_features: int, device: torch.device) -> bool:
     """Will an Int4Linear of this size on `device` support `rows()`?"""
-    return device.type == "cpu" and _cpu_layout(out_features) is not None
+    if device.type != "cpu":
+        return False
+    if _pick_kernel(device, torch.float32) == "cpu-int8-dot" and dot_layout.fits(
+        out_features, in_features, dot_layout.BLOCK
+    ):
+        return True
+    return _cpu_layout(out_features) is not None
 
 
 def _pick_kernel(device: torch.device, dtype: torch.dtype) -> str:
     if device.type == "cpu":
-        return "cpu-int4pack"
+        return "cpu-int8-dot" if active_variant() else "cpu-int4pack"
     if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 8:
         return "cuda-tinygemm"
     return "dequantize"
@@ -147,6 +200,14 @@ def _pack(q: torch.Tensor, kernel: str, device: torch.device) -> torch.Tensor:
         inner = next(t for t in (8, 4, 2) if q.shape[1] % (t * 16) == 0)
         return torch.ops.aten._convert_weight_to_int4pack(pairs, inner)
     return q.t().contiguous().to(device)  # 1 byte a weight: the portable fallback
+
+
+def _int8_dot_scales(weight: AffineInt4) -> torch.Tensor | None:
+    """The int8-dot kernels' float16 scales and zeros, or None where the weight does not fit
+    their layout or float16 cannot hold its scales."""
+    if not dot_layout.fits(weight.out_features, weight.q.shape[1], weight.group_size):
+        return None
+    return dot_layout.pack_scales(weight.scale, weight.zero - 8 * weight.scale)
 
 
 def _cpu_layout(out_features: int) -> Int4PackLayout | None:

@@ -199,7 +199,7 @@ def _pack_tied_embedding(model: nn.Module, device: torch.device) -> frozenset[st
 
     embed = model.model.embed_tokens
     if not getattr(model, "tie_word_embeddings", False) or not can_read_rows(
-        embed.num_embeddings, device
+        embed.num_embeddings, embed.embedding_dim, device
     ):
         return frozenset()
     model.model.embed_tokens = PackedEmbedding(

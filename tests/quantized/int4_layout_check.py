@@ -1,5 +1,6 @@
-"""Int4Linear's reads of torch's CPU int4 packing (`dequantize_kn`, `rows()`, both matmul
-paths) against a plain dequantization of the same weights, in one process.
+"""Int4Linear's reads of its packing (`dequantize_kn`, `rows()`, both matmul paths) against a
+plain dequantization of the same weights, in one process: torch's CPU int4 packing, or the
+int8-dot kernels' own where they run (SWITCHYARD_INT8_DOT).
 
 torch reads ATEN_CPU_CAPABILITY once per process, so test_int4_layout.py runs this module as a
 script under each instruction set's packing (`python -m tests.quantized.int4_layout_check`)."""
@@ -10,7 +11,12 @@ import torch
 
 from backends.quantized.affine import AffineInt4, AffineInt8
 from backends.quantized.int4_layout import cpu_int4_layout
-from backends.quantized.int4_linear import DENSE_MIN_ROWS, KERNEL_DTYPE, Int4Linear
+from backends.quantized.int4_linear import (
+    DENSE_MIN_ROWS,
+    INT8_DOT_DENSE_MIN_ROWS,
+    KERNEL_DTYPE,
+    Int4Linear,
+)
 
 CPU = torch.device("cpu")
 # 96 rows: a whole number of AVX2's 32-row blocks but not of AVX-512's 64-row ones
@@ -45,10 +51,13 @@ def check_module(weight: AffineInt4, dtype: torch.dtype) -> None:
     module = Int4Linear(weight, None, CPU, dtype)
     layout = cpu_int4_layout()
     assert layout is not None, "this CPU's int4 packing layout was not recognised"
-    assert module.dense_ok == layout.supports(weight.out_features)
+    int8_dot = module.kernel == "cpu-int8-dot"
+    assert module.dense_ok == (int8_dot or layout.supports(weight.out_features))
     want_kn = reference_kn(weight)  # [K, N], kernel column order
     want = weight.dense().double()  # [N, in_features], the input's order
     exact = 1e-6 if dtype == torch.float32 else 1e-2  # fp32 rounding / one bf16 step
+    if int8_dot:  # zero - 8 scale held in float16: 2^-11 of it, ~1e-4 of the largest weight
+        exact = max(exact, 1e-3)
     if module.dense_ok:
         got = module.dequantize_kn()
         assert got.dtype == dtype
@@ -62,15 +71,20 @@ def check_module(weight: AffineInt4, dtype: torch.dtype) -> None:
 
 def _check_forward(module: Int4Linear, weight: torch.Tensor, dtype: torch.dtype) -> None:
     gen = torch.Generator().manual_seed(1)
-    for rows in (3, DENSE_MIN_ROWS + 8):
+    int8_dot = module.kernel == "cpu-int8-dot"
+    threshold = INT8_DOT_DENSE_MIN_ROWS if int8_dot else DENSE_MIN_ROWS
+    for rows in (3, threshold + 8):
         x = torch.randn(rows, module.in_features, generator=gen).to(dtype)
         got = module(x)
         assert got.dtype == dtype
-        dense_path = module.dense_ok and rows >= DENSE_MIN_ROWS
-        fed = x if dense_path else x.to(KERNEL_DTYPE)  # the kernel's input rounding
+        dense_path = module.dense_ok and rows >= threshold
+        # torch's kernel rounds inputs to bf16; int8-dot quantizes them itself (~0.6%)
+        fed = x if dense_path or int8_dot else x.to(KERNEL_DTYPE)
         want = fed.double() @ weight.t()
         # the kernel's bf16 output (or a bf16 engine): a few bf16 steps of the largest output
         tol = 1e-5 if dense_path and dtype == torch.float32 else 2e-2
+        if int8_dot and tol < 1e-3:  # its float16 zeros (see `exact` above)
+            tol = 1e-3
         _close(got, want, tol, f"forward, {rows} rows")
 
 
@@ -87,7 +101,8 @@ def check_all() -> str:
         check_module(int8_halves(128, 64, 7), dtype)
     layout = cpu_int4_layout()
     assert layout is not None
-    return f"{torch.backends.cpu.get_cpu_capability()} block {layout.block}"
+    kernel = Int4Linear(random_weight(*SHAPES[0], 0, False), None, CPU, torch.float32).kernel
+    return f"{torch.backends.cpu.get_cpu_capability()} {kernel} block {layout.block}"
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@ process under each packing this machine can be made to use."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -23,12 +25,20 @@ def test_this_process_layout_reads_back_exactly() -> None:
     assert reported.split()[-1] == str(BLOCKS.get(capability, reported.split()[-1]))
 
 
-@pytest.mark.parametrize("capability", ["avx2", "default"])
-def test_layout_under_another_instruction_set(capability: str) -> None:
+@pytest.mark.parametrize(("capability", "int8_dot", "kernel"), [
+    ("avx512", "off", "cpu-int4pack"), ("avx2", "off", "cpu-int4pack"),
+    ("avx2", "auto", "cpu-int8-dot"), ("default", "auto", "cpu-int4pack"),
+])
+def test_layout_under_another_instruction_set(capability: str, int8_dot: str, kernel: str) -> None:
+    """torch's packing under each ISA (int8-dot off), and the int8-dot kernels' AVX2 code where
+    torch dispatches to AVX2 (none without vector kernels)."""
     if capability == "avx2" and not has_avx2():
         pytest.skip("this CPU has no AVX2: torch cannot dispatch to its AVX2 kernels")
-    out = run_in_child("tests.quantized.int4_layout_check", capability).split()
+    if capability == "avx512" and "avx512f" not in Path("/proc/cpuinfo").read_text():
+        pytest.skip("this CPU has no AVX-512")
+    out = run_in_child("tests.quantized.int4_layout_check", capability, int8_dot=int8_dot).split()
     assert out[0] == capability.upper()  # torch really dispatched there
+    assert out[1] == kernel
     assert int(out[-1]) == BLOCKS[out[0]]
 
 

@@ -1,0 +1,127 @@
+"""Builds `kernel.cpp` for this CPU with the system's C++ compiler (the one torch.compile
+already needs) and loads it as the torch operator `switchyard_int8_dot::q4_mm`, once per
+process. The shared library is cached under the cache directory (`SWITCHYARD_CACHE_DIR`,
+default `~/.cache/switchyard`) in `kernels/`, named by everything that goes into it; a build
+takes ~10 s on 2 cores, a cached load milliseconds.
+
+Which code: AVX-512 VNNI where the CPU has it and torch dispatches to AVX-512, AVX2 (+ FMA,
+F16C) where torch dispatches to AVX2 or better, else none (the int4 weights keep torch's
+kernel). `SWITCHYARD_INT8_DOT` = `auto` (default) / `avx512-vnni` / `avx2` / `off` overrides
+the choice (tests and A/B benchmarks).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.utils.cpp_extension as cpp_extension
+
+from backends.native.cpu_dtype import read_cpuinfo
+from backends.native.startup_cache import DEFAULT_CACHE_DIR, cache_root
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("kernel.cpp")
+SETTING = "SWITCHYARD_INT8_DOT"
+VARIANTS = {
+    "avx512-vnni": ("-DSWITCHYARD_VNNI", "-mavx512f", "-mavx512bw", "-mavx512vl",
+                    "-mavx512vnni", "-mfma", "-mf16c"),
+    "avx2": ("-mavx2", "-mfma", "-mf16c"),
+}
+_NEEDS_FLAGS = {"avx512-vnni": {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "fma", "f16c"},
+                "avx2": {"avx2", "fma", "f16c"}}
+_NEEDS_TORCH_ISA = {"avx512-vnni": ("AVX512",), "avx2": ("AVX2", "AVX512")}
+BUILD_TIMEOUT_S = 600
+
+
+def suitable_variant(flags: frozenset[str] | None, capability: str, setting: str) -> str | None:
+    """The code this CPU (flags) and torch's dispatch (capability) should run, or None."""
+    setting = setting.strip().lower() or "auto"
+    if setting == "off":
+        return None
+    candidates = tuple(VARIANTS) if setting == "auto" else (setting,)
+    if setting not in ("auto", *VARIANTS):
+        raise ValueError(f"{SETTING}={setting!r}: choose auto, off or one of {sorted(VARIANTS)}")
+    for name in candidates:
+        fits_cpu = flags is not None and _NEEDS_FLAGS[name] <= flags
+        if fits_cpu and capability in _NEEDS_TORCH_ISA[name]:
+            return name
+    return None
+
+
+@functools.cache
+def active_variant() -> str | None:
+    """Builds (or finds) and loads the kernels for this process; their variant, or None where
+    this CPU, the setting or the build rules them out (a failed build is logged, not raised)."""
+    _, flags = read_cpuinfo()
+    name = suitable_variant(flags, torch.backends.cpu.get_cpu_capability(),
+                            os.environ.get(SETTING, "auto"))
+    if name is None:
+        return None
+    try:
+        torch.ops.load_library(str(_built_library(name)))
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        log.warning("int8-dot kernels unavailable (%s); int4 weights use torch's kernel", exc)
+        return None
+    _register_fake()
+    return name
+
+
+def _compile_command(name: str, output: Path) -> list[str]:
+    includes = [f"-I{path}" for path in cpp_extension.include_paths()]
+    lib_dirs = cpp_extension.library_paths()
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    return [
+        os.environ.get("CXX", "g++"), "-O3", "-shared", "-fPIC", "-std=c++20", "-fopenmp",
+        *VARIANTS[name], f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-w", *includes, str(SOURCE),
+        "-o", str(output), *[f"-L{d}" for d in lib_dirs], "-lc10", "-ltorch_cpu",
+        *[f"-Wl,-rpath,{d}" for d in lib_dirs],
+    ]
+
+
+def _built_library(name: str) -> Path:
+    folder = _kernel_dir()
+    key = hashlib.sha256("\n".join([
+        SOURCE.read_text(), torch.__version__, " ".join(_compile_command(name, Path("out"))),
+    ]).encode()).hexdigest()[:16]
+    target = folder / f"int8_dot-{name}-{key}.so"
+    if target.exists():
+        return target
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(dir=folder) as tmp:  # renamed into place: atomic
+        built = Path(tmp) / target.name
+        result = subprocess.run(_compile_command(name, built), capture_output=True, text=True,
+                                timeout=BUILD_TIMEOUT_S, check=False)
+        if result.returncode != 0:
+            raise RuntimeError(f"building {SOURCE.name} failed: {result.stderr.strip()[-2000:]}")
+        os.replace(built, target)
+    log.info("int8-dot kernels (%s) built in %.1fs: %s", name, time.perf_counter() - start,
+             target)
+    return target
+
+
+def _kernel_dir() -> Path:
+    root = cache_root(os.environ.get("SWITCHYARD_CACHE_DIR", DEFAULT_CACHE_DIR))
+    root = root or Path(DEFAULT_CACHE_DIR).expanduser()  # kernels are cached even then
+    for folder in (root / "kernels", Path(tempfile.gettempdir()) / "switchyard-kernels"):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            return folder
+        except OSError:
+            continue
+    raise OSError("no writable folder for the int8-dot kernels")
+
+
+def _register_fake() -> None:
+    @torch.library.register_fake("switchyard_int8_dot::q4_mm")
+    def _(x: torch.Tensor, packed: torch.Tensor, scale_zero: torch.Tensor,
+          group_size: int, fine: bool) -> torch.Tensor:
+        return x.new_empty(x.shape[0], packed.shape[0] * 16)

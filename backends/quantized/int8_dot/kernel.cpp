@@ -1,0 +1,239 @@
+// 4-bit weights times int8-quantized activations on x86 CPUs, llama.cpp's approach: each
+// 32-column block of an input row is quantized to int8 with its own scale, and a block's dot
+// products run on 8-bit integer multiply-adds (AVX-512 VNNI `vpdpbusd`, or AVX2's
+// `vpmaddubsw` + `vpmaddwd`), 64 (32) multiply-adds an instruction, where float kernels do 16.
+//
+// Weights w[n, k] = q[n, k] * scale[n, g] + zero[n, g] (q in 0..15, g = k / group_size).
+// Packed per block of 16 output rows (a "lane" each) and 8 columns: 64 bytes, lane l's 4
+// bytes hold columns k..k+3 in their low nibbles and k+4..k+7 in their high ones:
+//   packed [N / 16, K / 8, 16, 4] uint8,  scale_zero [N / 16, K / group, 2, 16] float16.
+// Built by backends/quantized/int8_dot/build.py with either SWITCHYARD_VNNI (AVX-512 VNNI)
+// or AVX2 code; the layout is the same.
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <immintrin.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+namespace {
+
+constexpr int64_t kLanes = 16;     // output rows per packed block
+constexpr int64_t kBlock = 32;     // input columns per activation scale
+constexpr int64_t kRowTile = 8;    // input rows sharing one unpacked weight block
+
+struct QuantizedRows {
+  at::Tensor q;      // int8 [M, K]
+  at::Tensor rest;   // int8 [M, K]: x ~ (q + rest / 254) * scale (filled when `fine`)
+  at::Tensor scale;  // float [M, K / 32]
+  at::Tensor sum;    // float [M, K / 32]: the block's sum of x, for the zero term
+};
+
+template <typename T>
+float to_float(T v) { return static_cast<float>(v); }
+
+template <typename T>
+QuantizedRows quantize_rows(const at::Tensor& x, bool fine) {
+  const int64_t m = x.size(0), k = x.size(1), blocks = k / kBlock;
+  QuantizedRows out{at::empty({m, k}, x.options().dtype(at::kChar)),
+                    at::empty({fine ? m : 0, k}, x.options().dtype(at::kChar)),
+                    at::empty({m, blocks}, x.options().dtype(at::kFloat)),
+                    at::empty({m, blocks}, x.options().dtype(at::kFloat))};
+  const T* src = x.data_ptr<T>();
+  int8_t* q = out.q.data_ptr<int8_t>();
+  int8_t* rest = out.rest.data_ptr<int8_t>();
+  float* scale = out.scale.data_ptr<float>();
+  float* sum = out.sum.data_ptr<float>();
+  at::parallel_for(0, m * blocks, 64, [&](int64_t begin, int64_t end) {
+    float values[kBlock];
+    for (int64_t i = begin; i < end; ++i) {
+      const T* row = src + i * kBlock;  // blocks are contiguous: row-major [M, K]
+      float amax = 0.f;
+      for (int64_t j = 0; j < kBlock; ++j) {
+        values[j] = to_float(row[j]);
+        amax = std::max(amax, std::fabs(values[j]));
+      }
+      const float d = amax / 127.f, inv = d > 0.f ? 1.f / d : 0.f;
+      float total = 0.f;
+      for (int64_t j = 0; j < kBlock; ++j) {
+        const float scaled = values[j] * inv, v = std::nearbyint(scaled);
+        q[i * kBlock + j] = static_cast<int8_t>(v);
+        if (fine) rest[i * kBlock + j] = static_cast<int8_t>(std::nearbyint((scaled - v) * 254.f));
+        total += values[j];
+      }
+      scale[i] = d;
+      sum[i] = total;
+    }
+  });
+  return out;
+}
+
+#ifdef SWITCHYARD_VNNI
+
+// One 32-column block of 16 lanes against one row: int32 dot products per lane.
+inline __m512i block_dot(const __m512i w[8], const int8_t* x) {
+  const int32_t* x4 = reinterpret_cast<const int32_t*>(x);
+  __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
+  for (int t = 0; t < 4; ++t) {
+    lo = _mm512_dpbusd_epi32(lo, w[2 * t], _mm512_set1_epi32(x4[2 * t]));
+    hi = _mm512_dpbusd_epi32(hi, w[2 * t + 1], _mm512_set1_epi32(x4[2 * t + 1]));
+  }
+  return _mm512_add_epi32(lo, hi);
+}
+
+inline void unpack_block(const uint8_t* p, __m512i w[8]) {
+  const __m512i low_mask = _mm512_set1_epi8(0x0F);
+  for (int t = 0; t < 4; ++t) {
+    const __m512i bytes = _mm512_loadu_si512(p + 64 * t);
+    w[2 * t] = _mm512_and_si512(bytes, low_mask);
+    w[2 * t + 1] = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low_mask);
+  }
+}
+
+// Rows [m0, m0 + rows) of lane block `nb`: out[m, 16 nb + l] for every lane l.
+template <int Rows, bool Fine>
+void lane_block(const uint8_t* packed, const uint16_t* sz, const QuantizedRows& xq, int64_t m0,
+                int64_t k, int64_t group, float* out, int64_t n) {
+  const int64_t blocks = k / kBlock;
+  const int8_t* q = xq.q.data_ptr<int8_t>() + m0 * k;
+  const int8_t* rest = Fine ? xq.rest.data_ptr<int8_t>() + m0 * k : nullptr;
+  const float* d = xq.scale.data_ptr<float>() + m0 * blocks;
+  const float* s = xq.sum.data_ptr<float>() + m0 * blocks;
+  __m512 acc[Rows];
+  for (int r = 0; r < Rows; ++r) acc[r] = _mm512_setzero_ps();
+  __m512i w[8];
+  for (int64_t b = 0; b < blocks; ++b) {
+    unpack_block(packed + b * 4 * 64, w);
+    const uint16_t* g = sz + (b * kBlock / group) * 2 * kLanes;
+    const __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g)));
+    const __m512 zero =
+        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + kLanes)));
+    for (int r = 0; r < Rows; ++r) {
+      __m512 dot = _mm512_cvtepi32_ps(block_dot(w, q + r * k + b * kBlock));
+      if constexpr (Fine)
+        dot = _mm512_fmadd_ps(_mm512_cvtepi32_ps(block_dot(w, rest + r * k + b * kBlock)),
+                              _mm512_set1_ps(1.f / 254.f), dot);
+      acc[r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(scale, _mm512_set1_ps(d[r * blocks + b])),
+                               acc[r]);
+      acc[r] = _mm512_fmadd_ps(zero, _mm512_set1_ps(s[r * blocks + b]), acc[r]);
+    }
+  }
+  for (int r = 0; r < Rows; ++r) _mm512_storeu_ps(out + (m0 + r) * n, acc[r]);
+}
+
+#else  // AVX2: a lane block is two halves of 8 lanes
+
+inline __m256i half_dot(const __m256i w[8], const int8_t* x) {
+  const int32_t* x4 = reinterpret_cast<const int32_t*>(x);
+  // Products of 0..15 and -128..127: pairs sum to at most 3810, eight such to 30480 (int16).
+  __m256i sum16 = _mm256_setzero_si256();
+  for (int t = 0; t < 8; ++t)
+    sum16 = _mm256_add_epi16(sum16, _mm256_maddubs_epi16(w[t], _mm256_set1_epi32(x4[t])));
+  return _mm256_madd_epi16(sum16, _mm256_set1_epi16(1));
+}
+
+inline void unpack_half(const uint8_t* p, int half, __m256i w[8]) {
+  const __m256i low_mask = _mm256_set1_epi8(0x0F);
+  for (int t = 0; t < 4; ++t) {
+    const __m256i bytes =
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * t + 32 * half));
+    w[2 * t] = _mm256_and_si256(bytes, low_mask);
+    w[2 * t + 1] = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low_mask);
+  }
+}
+
+template <int Rows, bool Fine>
+void lane_block(const uint8_t* packed, const uint16_t* sz, const QuantizedRows& xq, int64_t m0,
+                int64_t k, int64_t group, float* out, int64_t n) {
+  const int64_t blocks = k / kBlock;
+  const int8_t* q = xq.q.data_ptr<int8_t>() + m0 * k;
+  const int8_t* rest = Fine ? xq.rest.data_ptr<int8_t>() + m0 * k : nullptr;
+  const float* d = xq.scale.data_ptr<float>() + m0 * blocks;
+  const float* s = xq.sum.data_ptr<float>() + m0 * blocks;
+  for (int half = 0; half < 2; ++half) {
+    __m256 acc[Rows];
+    for (int r = 0; r < Rows; ++r) acc[r] = _mm256_setzero_ps();
+    __m256i w[8];
+    for (int64_t b = 0; b < blocks; ++b) {
+      unpack_half(packed + b * 4 * 64, half, w);
+      const uint16_t* g = sz + (b * kBlock / group) * 2 * kLanes + 8 * half;
+      const __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g)));
+      const __m256 zero =
+          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + kLanes)));
+      for (int r = 0; r < Rows; ++r) {
+        __m256 dot = _mm256_cvtepi32_ps(half_dot(w, q + r * k + b * kBlock));
+        if constexpr (Fine)
+          dot = _mm256_fmadd_ps(_mm256_cvtepi32_ps(half_dot(w, rest + r * k + b * kBlock)),
+                                _mm256_set1_ps(1.f / 254.f), dot);
+        acc[r] = _mm256_fmadd_ps(
+            dot, _mm256_mul_ps(scale, _mm256_set1_ps(d[r * blocks + b])), acc[r]);
+        acc[r] = _mm256_fmadd_ps(zero, _mm256_set1_ps(s[r * blocks + b]), acc[r]);
+      }
+    }
+    for (int r = 0; r < Rows; ++r) _mm256_storeu_ps(out + (m0 + r) * n + 8 * half, acc[r]);
+  }
+}
+
+#endif
+
+template <bool Fine>
+void rows_of_lane_block(const uint8_t* packed, const uint16_t* sz, const QuantizedRows& xq,
+                        int64_t m, int64_t k, int64_t group, float* out, int64_t n) {
+  int64_t m0 = 0;
+  for (; m0 + kRowTile <= m; m0 += kRowTile)
+    lane_block<kRowTile, Fine>(packed, sz, xq, m0, k, group, out, n);
+  for (; m0 < m; ++m0) lane_block<1, Fine>(packed, sz, xq, m0, k, group, out, n);
+}
+
+at::Tensor q4_mm(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale_zero,
+                 int64_t group_size, bool fine) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "q4_mm: x must be a contiguous [M, K] matrix");
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 4 && packed.size(2) == 16 &&
+                  packed.size(3) == 4 && packed.is_contiguous(),
+              "q4_mm: packed must be contiguous uint8 [N / 16, K / 8, 16, 4]");
+  const int64_t m = x.size(0), k = x.size(1), lane_blocks = packed.size(0);
+  const int64_t n = lane_blocks * kLanes;
+  TORCH_CHECK(packed.size(1) * 8 == k && k % kBlock == 0, "q4_mm: K mismatch or not a multiple of 32");
+  TORCH_CHECK(group_size % kBlock == 0 && k % group_size == 0, "q4_mm: bad group size");
+  TORCH_CHECK(scale_zero.scalar_type() == at::kHalf && scale_zero.is_contiguous() &&
+                  scale_zero.dim() == 4 && scale_zero.size(0) == lane_blocks &&
+                  scale_zero.size(1) == k / group_size && scale_zero.size(2) == 2 &&
+                  scale_zero.size(3) == kLanes,
+              "q4_mm: scale_zero must be contiguous float16 [N / 16, K / group, 2, 16]");
+  QuantizedRows xq;
+  if (x.scalar_type() == at::kFloat) {
+    xq = quantize_rows<float>(x, fine);
+  } else if (x.scalar_type() == at::kBFloat16) {
+    xq = quantize_rows<c10::BFloat16>(x, fine);
+  } else {
+    TORCH_CHECK(false, "q4_mm: x must be float32 or bfloat16");
+  }
+  at::Tensor out = at::empty({m, n}, x.options().dtype(at::kFloat));
+  const uint8_t* p = packed.data_ptr<uint8_t>();
+  const uint16_t* sz = reinterpret_cast<const uint16_t*>(scale_zero.data_ptr<at::Half>());
+  float* o = out.data_ptr<float>();
+  const int64_t packed_stride = k / 8 * 64, sz_stride = k / group_size * 2 * kLanes;
+  at::parallel_for(0, lane_blocks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t nb = begin; nb < end; ++nb) {
+      const uint8_t* lanes = p + nb * packed_stride;
+      const uint16_t* lane_sz = sz + nb * sz_stride;
+      if (fine)
+        rows_of_lane_block<true>(lanes, lane_sz, xq, m, k, group_size, o + nb * kLanes, n);
+      else
+        rows_of_lane_block<false>(lanes, lane_sz, xq, m, k, group_size, o + nb * kLanes, n);
+    }
+  });
+  return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
+}
+
+}  // namespace
+
+TORCH_LIBRARY(switchyard_int8_dot, m) {
+  m.def("q4_mm(Tensor x, Tensor packed, Tensor scale_zero, int group_size, bool fine) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(switchyard_int8_dot, CPU, m) { m.impl("q4_mm", &q4_mm); }
