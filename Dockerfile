@@ -14,7 +14,7 @@ ENV PYTHONUNBUFFERED=1 \
     TOKENIZERS_PARALLELISM=false
 
 # g++: torch.compile (on by default, --compile) builds its CPU kernels with it at startup, and
-# backends/quantized/int8_dot its int4 kernel (once, into the cache directory).
+# backends/cpu_kernels its own kernels (once, into the cache directory).
 # curl: the compose healthcheck.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends g++ curl \

@@ -25,7 +25,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from backends.quantized.int8_dot.build import active_variant
+from backends.cpu_kernels.build import active_variant
 from backends.quantized.loading import QuantizedLinears
 
 FORMAT = 1

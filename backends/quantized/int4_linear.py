@@ -1,6 +1,6 @@
 """Int4Linear: 4-bit weights packed for a weight-only int4 kernel.
 
-CPU, where the int8-dot kernels build for this CPU (`int8_dot/`, AVX-512 VNNI or AVX2): inputs
+CPU, where our kernels build (`backends/cpu_kernels/int8_dot.cpp`, AVX-512 VNNI or AVX2): inputs
 quantized to int8 per 32 columns in two passes (`INT8_DOT_FINE`), integer dot products, below
 `INT8_DOT_DENSE_MIN_ROWS` rows; from there on dequantize + matmul as below.
 CPU otherwise: `aten._weight_int4pack_mm_for_cpu` below `DENSE_MIN_ROWS` rows (decode, decode
@@ -19,10 +19,10 @@ import warnings
 import torch
 from torch import nn
 
+from backends.cpu_kernels.build import active_variant
+from backends.quantized import int8_dot_layout as dot_layout
 from backends.quantized.affine import AffineInt4
 from backends.quantized.int4_layout import Int4PackLayout, cpu_int4_layout
-from backends.quantized.int8_dot import layout as dot_layout
-from backends.quantized.int8_dot.build import active_variant
 
 # From here on dequantize + matmul beats the CPU int4 kernel. Measured on 2 cores: about 48
 # rows for a 2304 x 768 weight, but above 256 for a 49152-row lm_head (dequantizing it costs
@@ -94,7 +94,7 @@ class Int4Linear(nn.Module):
         if self.kernel == "cpu-int8-dot" and x.shape[0] < INT8_DOT_DENSE_MIN_ROWS:
             if self.repeats > 1:
                 x = x.repeat(1, self.repeats)
-            return torch.ops.switchyard_int8_dot.q4_mm(
+            return torch.ops.switchyard_cpu.q4_mm(
                 x.contiguous(), self.packed, self.scale_zeros, self.group_size, INT8_DOT_FINE)
         if self.kernel in ("dequantize", "cpu-int8-dot") or (
             self.kernel == "cpu-int4pack" and self.dense_ok and x.shape[0] >= DENSE_MIN_ROWS

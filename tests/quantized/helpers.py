@@ -124,13 +124,13 @@ def has_avx2() -> bool:
 
 
 def run_in_child(
-    module: str, capability: str, *args: str, timeout: float = 300, int8_dot: str = "auto",
+    module: str, capability: str, *args: str, timeout: float = 300, cpu_kernels: str = "auto",
 ) -> str:
     """`python -m module args` with torch dispatching to `capability` (and oneDNN limited to
-    AVX2 when it is avx2) and SWITCHYARD_INT8_DOT=`int8_dot`; its stdout, or the test fails
+    AVX2 when it is avx2) and SWITCHYARD_CPU_KERNELS=`cpu_kernels`; its stdout, or the test fails
     with its output."""
     env = {**os.environ, "ATEN_CPU_CAPABILITY": capability, "OMP_NUM_THREADS": "1",
-           "SWITCHYARD_INT8_DOT": int8_dot}
+           "SWITCHYARD_CPU_KERNELS": cpu_kernels}
     if capability == "avx2":
         env["ONEDNN_MAX_CPU_ISA"] = "AVX2"
     done = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=env,

@@ -1,6 +1,6 @@
 """Int4Linear's reads of its packing (`dequantize_kn`, `rows()`, both matmul paths) against a
 plain dequantization of the same weights, in one process: torch's CPU int4 packing, or the
-int8-dot kernels' own where they run (SWITCHYARD_INT8_DOT).
+int8-dot kernels' own where they run (SWITCHYARD_CPU_KERNELS).
 
 torch reads ATEN_CPU_CAPABILITY once per process, so test_int4_layout.py runs this module as a
 script under each instruction set's packing (`python -m tests.quantized.int4_layout_check`)."""

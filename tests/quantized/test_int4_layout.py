@@ -25,18 +25,21 @@ def test_this_process_layout_reads_back_exactly() -> None:
     assert reported.split()[-1] == str(BLOCKS.get(capability, reported.split()[-1]))
 
 
-@pytest.mark.parametrize(("capability", "int8_dot", "kernel"), [
+@pytest.mark.parametrize(("capability", "cpu_kernels", "kernel"), [
     ("avx512", "off", "cpu-int4pack"), ("avx2", "off", "cpu-int4pack"),
     ("avx2", "auto", "cpu-int8-dot"), ("default", "auto", "cpu-int4pack"),
 ])
-def test_layout_under_another_instruction_set(capability: str, int8_dot: str, kernel: str) -> None:
-    """torch's packing under each ISA (int8-dot off), and the int8-dot kernels' AVX2 code where
+def test_layout_under_another_instruction_set(
+    capability: str, cpu_kernels: str, kernel: str,
+) -> None:
+    """torch's packing under each ISA (our kernels off), and the int8-dot kernels' AVX2 code where
     torch dispatches to AVX2 (none without vector kernels)."""
     if capability == "avx2" and not has_avx2():
         pytest.skip("this CPU has no AVX2: torch cannot dispatch to its AVX2 kernels")
     if capability == "avx512" and "avx512f" not in Path("/proc/cpuinfo").read_text():
         pytest.skip("this CPU has no AVX-512")
-    out = run_in_child("tests.quantized.int4_layout_check", capability, int8_dot=int8_dot).split()
+    out = run_in_child("tests.quantized.int4_layout_check", capability,
+                       cpu_kernels=cpu_kernels).split()
     assert out[0] == capability.upper()  # torch really dispatched there
     assert out[1] == kernel
     assert int(out[-1]) == BLOCKS[out[0]]

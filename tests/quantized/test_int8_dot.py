@@ -1,4 +1,4 @@
-"""The int8-dot kernels (backends/quantized/int8_dot): their layout, their products against a
+"""The int8-dot kernels (backends/cpu_kernels/int8_dot.cpp): their layout, their products against a
 float64 reference, their choice per CPU, and their AVX2 code in a process where torch
 dispatches to AVX2. Int4Linear on top of them is checked in int4_layout_check.py."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backends.quantized.int8_dot import layout
-from backends.quantized.int8_dot.build import active_variant, suitable_variant
+from backends.cpu_kernels.build import active_variant, suitable_variant
+from backends.quantized import int8_dot_layout as layout
 from tests.quantized.helpers import has_avx2, run_in_child
 
 VNNI_FLAGS = frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"})
@@ -45,7 +45,7 @@ def test_the_variant_follows_the_cpu_torch_and_the_setting(flags, capability, se
 
 
 def test_an_unknown_setting_is_refused() -> None:
-    with pytest.raises(ValueError, match="SWITCHYARD_INT8_DOT"):
+    with pytest.raises(ValueError, match="SWITCHYARD_CPU_KERNELS"):
         suitable_variant(VNNI_FLAGS, "AVX512", "avx9")
 
 
@@ -88,7 +88,7 @@ def check_products() -> str:
         for rows in (1, 7, 8, 19):
             for (fine, dtype), tol in TOLERANCE.items():
                 x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows)).to(dtype)
-                got = torch.ops.switchyard_int8_dot.q4_mm(x, packed, scale_zero, group, fine)
+                got = torch.ops.switchyard_cpu.q4_mm(x, packed, scale_zero, group, fine)
                 assert got.dtype == dtype and got.shape == (rows, n)
                 want = x.double() @ weight.t()
                 diff = (got.double() - want).abs().max().item()
@@ -115,9 +115,9 @@ def test_a_malformed_call_raises_a_clear_error() -> None:
     q, scale, zero = _weights(16, 64, 32, 2)
     packed, scale_zero = layout.pack(q), layout.pack_scales(scale, zero)
     with pytest.raises(RuntimeError, match="K mismatch"):
-        torch.ops.switchyard_int8_dot.q4_mm(torch.randn(2, 32), packed, scale_zero, 32, False)
+        torch.ops.switchyard_cpu.q4_mm(torch.randn(2, 32), packed, scale_zero, 32, False)
     with pytest.raises(RuntimeError, match="float32 or bfloat16"):
-        torch.ops.switchyard_int8_dot.q4_mm(torch.randn(2, 64).half(), packed, scale_zero, 32,
+        torch.ops.switchyard_cpu.q4_mm(torch.randn(2, 64).half(), packed, scale_zero, 32,
                                            False)
 
 

@@ -1,13 +1,17 @@
-"""Builds `kernel.cpp` for this CPU with the system's C++ compiler (the one torch.compile
-already needs) and loads it as the torch operator `switchyard_int8_dot::q4_mm`, once per
-process. The shared library is cached under the cache directory (`SWITCHYARD_CACHE_DIR`,
-default `~/.cache/switchyard`) in `kernels/`, named by everything that goes into it; a build
-takes ~10 s on 2 cores, a cached load milliseconds.
+"""Our C++ CPU kernels, built for this CPU with the system's C++ compiler (the one
+torch.compile already needs) into one shared library and loaded as torch operators, once per
+process:
 
-Which code: AVX-512 VNNI where the CPU has it and torch dispatches to AVX-512, AVX2 (+ FMA,
-F16C) where torch dispatches to AVX2 or better, else none (the int4 weights keep torch's
-kernel). `SWITCHYARD_INT8_DOT` = `auto` (default) / `avx512-vnni` / `avx2` / `off` overrides
-the choice (tests and A/B benchmarks).
+    switchyard_cpu::q4_mm    int8_dot.cpp: 4-bit weights x int8 inputs
+
+The library is cached under the cache directory (`SWITCHYARD_CACHE_DIR`, default
+`~/.cache/switchyard`) in `kernels/`, named by everything that goes into it; a build takes
+~10 s on 2 cores (sources compile in parallel), a cached load milliseconds.
+
+Which code: AVX-512 (with VNNI) where the CPU has it and torch dispatches to AVX-512, AVX2 (+
+FMA, F16C) where torch dispatches to AVX2 or better, else none (the engine keeps torch's
+kernels). `SWITCHYARD_CPU_KERNELS` = `auto` (default) / `avx512-vnni` / `avx2` / `off`
+overrides the choice (tests and A/B benchmarks).
 """
 
 from __future__ import annotations
@@ -29,8 +33,9 @@ from backends.native.startup_cache import DEFAULT_CACHE_DIR, cache_root
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("kernel.cpp")
-SETTING = "SWITCHYARD_INT8_DOT"
+# Each source with its own extra flags (e.g. -ffast-math where exp loops should vectorise).
+SOURCES: dict[Path, tuple[str, ...]] = {Path(__file__).with_name("int8_dot.cpp"): ()}
+SETTING = "SWITCHYARD_CPU_KERNELS"
 VARIANTS = {
     "avx512-vnni": ("-DSWITCHYARD_VNNI", "-mavx512f", "-mavx512bw", "-mavx512vl",
                     "-mavx512vnni", "-mfma", "-mf16c"),
@@ -69,42 +74,56 @@ def active_variant() -> str | None:
     try:
         torch.ops.load_library(str(_built_library(name)))
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
-        log.warning("int8-dot kernels unavailable (%s); int4 weights use torch's kernel", exc)
+        log.warning("our CPU kernels are unavailable (%s); torch's kernels run instead", exc)
         return None
     _register_fake()
     return name
 
 
-def _compile_command(name: str, output: Path) -> list[str]:
+def _compile_commands(name: str, folder: Path) -> list[list[str]]:
+    """One command per source (object file in `folder`), in parallel."""
+    compiler = os.environ.get("CXX", "g++")
     includes = [f"-I{path}" for path in cpp_extension.include_paths()]
-    lib_dirs = cpp_extension.library_paths()
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    return [
-        os.environ.get("CXX", "g++"), "-O3", "-shared", "-fPIC", "-std=c++20", "-fopenmp",
-        *VARIANTS[name], f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-w", *includes, str(SOURCE),
-        "-o", str(output), *[f"-L{d}" for d in lib_dirs], "-lc10", "-ltorch_cpu",
-        *[f"-Wl,-rpath,{d}" for d in lib_dirs],
-    ]
+    return [[compiler, "-O3", "-fPIC", "-std=c++20", "-fopenmp", *VARIANTS[name], *extra,
+             f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-w", *includes, "-c", str(source),
+             "-o", str(folder / f"{source.stem}.o")]
+            for source, extra in SOURCES.items()]
+
+
+def _link_command(folder: Path, output: Path) -> list[str]:
+    lib_dirs = cpp_extension.library_paths()
+    return [os.environ.get("CXX", "g++"), "-shared", "-fopenmp",
+            *[str(folder / f"{source.stem}.o") for source in SOURCES], "-o", str(output),
+            *[f"-L{d}" for d in lib_dirs], "-lc10", "-ltorch_cpu",
+            *[f"-Wl,-rpath,{d}" for d in lib_dirs]]
 
 
 def _built_library(name: str) -> Path:
     folder = _kernel_dir()
+    commands = [*_compile_commands(name, Path("obj")), _link_command(Path("obj"), Path("out"))]
     key = hashlib.sha256("\n".join([
-        SOURCE.read_text(), torch.__version__, " ".join(_compile_command(name, Path("out"))),
+        *[source.read_text() for source in SOURCES], torch.__version__,
+        *[" ".join(command) for command in commands],
     ]).encode()).hexdigest()[:16]
-    target = folder / f"int8_dot-{name}-{key}.so"
+    target = folder / f"switchyard_cpu-{name}-{key}.so"
     if target.exists():
         return target
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(dir=folder) as tmp:  # renamed into place: atomic
         built = Path(tmp) / target.name
-        result = subprocess.run(_compile_command(name, built), capture_output=True, text=True,
+        compiles = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True) for command in _compile_commands(name, Path(tmp))]
+        for process in compiles:
+            _, errors = process.communicate(timeout=BUILD_TIMEOUT_S)
+            if process.returncode != 0:
+                raise RuntimeError(f"building our CPU kernels failed: {errors.strip()[-2000:]}")
+        linked = subprocess.run(_link_command(Path(tmp), built), capture_output=True, text=True,
                                 timeout=BUILD_TIMEOUT_S, check=False)
-        if result.returncode != 0:
-            raise RuntimeError(f"building {SOURCE.name} failed: {result.stderr.strip()[-2000:]}")
+        if linked.returncode != 0:
+            raise RuntimeError(f"linking our CPU kernels failed: {linked.stderr.strip()[-2000:]}")
         os.replace(built, target)
-    log.info("int8-dot kernels (%s) built in %.1fs: %s", name, time.perf_counter() - start,
-             target)
+    log.info("CPU kernels (%s) built in %.1fs: %s", name, time.perf_counter() - start, target)
     return target
 
 
@@ -117,11 +136,12 @@ def _kernel_dir() -> Path:
             return folder
         except OSError:
             continue
-    raise OSError("no writable folder for the int8-dot kernels")
+    raise OSError("no writable folder for our CPU kernels")
 
 
 def _register_fake() -> None:
-    @torch.library.register_fake("switchyard_int8_dot::q4_mm")
-    def _(x: torch.Tensor, packed: torch.Tensor, scale_zero: torch.Tensor,
-          group_size: int, fine: bool) -> torch.Tensor:
+    @torch.library.register_fake("switchyard_cpu::q4_mm")
+    def _q4_mm(x: torch.Tensor, packed: torch.Tensor, scale_zero: torch.Tensor,
+               group_size: int, fine: bool) -> torch.Tensor:
         return x.new_empty(x.shape[0], packed.shape[0] * 16)
+

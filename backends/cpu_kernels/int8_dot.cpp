@@ -7,8 +7,8 @@
 // Packed per block of 16 output rows (a "lane" each) and 8 columns: 64 bytes, lane l's 4
 // bytes hold columns k..k+3 in their low nibbles and k+4..k+7 in their high ones:
 //   packed [N / 16, K / 8, 16, 4] uint8,  scale_zero [N / 16, K / group, 2, 16] float16.
-// Built by backends/quantized/int8_dot/build.py with either SWITCHYARD_VNNI (AVX-512 VNNI)
-// or AVX2 code; the layout is the same.
+// Built by backends/cpu_kernels/build.py with either SWITCHYARD_VNNI (AVX-512 VNNI) or AVX2
+// code; the layout is the same (backends/quantized/int8_dot_layout.py).
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -232,8 +232,8 @@ at::Tensor q4_mm(const at::Tensor& x, const at::Tensor& packed, const at::Tensor
 
 }  // namespace
 
-TORCH_LIBRARY(switchyard_int8_dot, m) {
+TORCH_LIBRARY_FRAGMENT(switchyard_cpu, m) {
   m.def("q4_mm(Tensor x, Tensor packed, Tensor scale_zero, int group_size, bool fine) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(switchyard_int8_dot, CPU, m) { m.impl("q4_mm", &q4_mm); }
+TORCH_LIBRARY_IMPL(switchyard_cpu, CPU, m) { m.impl("q4_mm", &q4_mm); }
