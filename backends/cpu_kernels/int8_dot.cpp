@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 namespace {
 
@@ -26,11 +27,12 @@ constexpr int64_t kLanes = 16;     // output rows per packed block
 constexpr int64_t kBlock = 32;     // input columns per activation scale
 constexpr int64_t kRowTile = 8;    // input rows sharing one unpacked weight block
 
+// In a buffer of the calling thread, reused across calls (a decode step makes ~120 of them).
 struct QuantizedRows {
-  at::Tensor q;      // int8 [M, K]
-  at::Tensor rest;   // int8 [M, K]: x ~ (q + rest / 254) * scale (filled when `fine`)
-  at::Tensor scale;  // float [M, K / 32]
-  at::Tensor sum;    // float [M, K / 32]: the block's sum of x, for the zero term
+  int8_t* q;      // [M, K]
+  int8_t* rest;   // [M, K]: x ~ (q + rest / 254) * scale (filled when `fine`)
+  float* scale;   // [M, K / 32]
+  float* sum;     // [M, K / 32]: the block's sum of x, for the zero term
 };
 
 template <typename T>
@@ -39,15 +41,19 @@ float to_float(T v) { return static_cast<float>(v); }
 template <typename T>
 QuantizedRows quantize_rows(const at::Tensor& x, bool fine) {
   const int64_t m = x.size(0), k = x.size(1), blocks = k / kBlock;
-  QuantizedRows out{at::empty({m, k}, x.options().dtype(at::kChar)),
-                    at::empty({fine ? m : 0, k}, x.options().dtype(at::kChar)),
-                    at::empty({m, blocks}, x.options().dtype(at::kFloat)),
-                    at::empty({m, blocks}, x.options().dtype(at::kFloat))};
+  thread_local std::vector<float> storage;
+  const int64_t floats = 2 * m * blocks + (2 * m * k + 3) / 4;
+  if (static_cast<int64_t>(storage.size()) < floats) storage.resize(floats);
+  QuantizedRows out{};
+  out.scale = storage.data();
+  out.sum = out.scale + m * blocks;
+  out.q = reinterpret_cast<int8_t*>(out.sum + m * blocks);
+  out.rest = out.q + m * k;
   const T* src = x.data_ptr<T>();
-  int8_t* q = out.q.data_ptr<int8_t>();
-  int8_t* rest = out.rest.data_ptr<int8_t>();
-  float* scale = out.scale.data_ptr<float>();
-  float* sum = out.sum.data_ptr<float>();
+  int8_t* q = out.q;
+  int8_t* rest = out.rest;
+  float* scale = out.scale;
+  float* sum = out.sum;
   at::parallel_for(0, m * blocks, 64, [&](int64_t begin, int64_t end) {
     float values[kBlock];
     for (int64_t i = begin; i < end; ++i) {
@@ -70,6 +76,11 @@ QuantizedRows quantize_rows(const at::Tensor& x, bool fine) {
     }
   });
   return out;
+}
+
+template <typename Out>
+inline void store(const float* lanes, int count, Out* out) {
+  for (int i = 0; i < count; ++i) out[i] = static_cast<Out>(lanes[i]);  // bf16: nearest even
 }
 
 #ifdef SWITCHYARD_VNNI
@@ -95,14 +106,14 @@ inline void unpack_block(const uint8_t* p, __m512i w[8]) {
 }
 
 // Rows [m0, m0 + rows) of lane block `nb`: out[m, 16 nb + l] for every lane l.
-template <int Rows, bool Fine>
+template <int Rows, bool Fine, typename Out>
 void lane_block(const uint8_t* packed, const uint16_t* sz, const QuantizedRows& xq, int64_t m0,
-                int64_t k, int64_t group, float* out, int64_t n) {
+                int64_t k, int64_t group, Out* out, int64_t n) {
   const int64_t blocks = k / kBlock;
-  const int8_t* q = xq.q.data_ptr<int8_t>() + m0 * k;
-  const int8_t* rest = Fine ? xq.rest.data_ptr<int8_t>() + m0 * k : nullptr;
-  const float* d = xq.scale.data_ptr<float>() + m0 * blocks;
-  const float* s = xq.sum.data_ptr<float>() + m0 * blocks;
+  const int8_t* q = xq.q + m0 * k;
+  const int8_t* rest = xq.rest + m0 * k;
+  const float* d = xq.scale + m0 * blocks;
+  const float* s = xq.sum + m0 * blocks;
   __m512 acc[Rows];
   for (int r = 0; r < Rows; ++r) acc[r] = _mm512_setzero_ps();
   __m512i w[8];
@@ -122,7 +133,11 @@ void lane_block(const uint8_t* packed, const uint16_t* sz, const QuantizedRows& 
       acc[r] = _mm512_fmadd_ps(zero, _mm512_set1_ps(s[r * blocks + b]), acc[r]);
     }
   }
-  for (int r = 0; r < Rows; ++r) _mm512_storeu_ps(out + (m0 + r) * n, acc[r]);
+  for (int r = 0; r < Rows; ++r) {
+    alignas(64) float lanes[kLanes];
+    _mm512_store_ps(lanes, acc[r]);
+    store(lanes, kLanes, out + (m0 + r) * n);
+  }
 }
 
 #else  // AVX2: a lane block is two halves of 8 lanes
@@ -146,14 +161,14 @@ inline void unpack_half(const uint8_t* p, int half, __m256i w[8]) {
   }
 }
 
-template <int Rows, bool Fine>
+template <int Rows, bool Fine, typename Out>
 void lane_block(const uint8_t* packed, const uint16_t* sz, const QuantizedRows& xq, int64_t m0,
-                int64_t k, int64_t group, float* out, int64_t n) {
+                int64_t k, int64_t group, Out* out, int64_t n) {
   const int64_t blocks = k / kBlock;
-  const int8_t* q = xq.q.data_ptr<int8_t>() + m0 * k;
-  const int8_t* rest = Fine ? xq.rest.data_ptr<int8_t>() + m0 * k : nullptr;
-  const float* d = xq.scale.data_ptr<float>() + m0 * blocks;
-  const float* s = xq.sum.data_ptr<float>() + m0 * blocks;
+  const int8_t* q = xq.q + m0 * k;
+  const int8_t* rest = xq.rest + m0 * k;
+  const float* d = xq.scale + m0 * blocks;
+  const float* s = xq.sum + m0 * blocks;
   for (int half = 0; half < 2; ++half) {
     __m256 acc[Rows];
     for (int r = 0; r < Rows; ++r) acc[r] = _mm256_setzero_ps();
@@ -174,19 +189,40 @@ void lane_block(const uint8_t* packed, const uint16_t* sz, const QuantizedRows& 
         acc[r] = _mm256_fmadd_ps(zero, _mm256_set1_ps(s[r * blocks + b]), acc[r]);
       }
     }
-    for (int r = 0; r < Rows; ++r) _mm256_storeu_ps(out + (m0 + r) * n + 8 * half, acc[r]);
+    for (int r = 0; r < Rows; ++r) {
+      alignas(32) float lanes[8];
+      _mm256_store_ps(lanes, acc[r]);
+      store(lanes, 8, out + (m0 + r) * n + 8 * half);
+    }
   }
 }
 
 #endif
 
-template <bool Fine>
+template <bool Fine, typename Out>
 void rows_of_lane_block(const uint8_t* packed, const uint16_t* sz, const QuantizedRows& xq,
-                        int64_t m, int64_t k, int64_t group, float* out, int64_t n) {
+                        int64_t m, int64_t k, int64_t group, Out* out, int64_t n) {
   int64_t m0 = 0;
   for (; m0 + kRowTile <= m; m0 += kRowTile)
     lane_block<kRowTile, Fine>(packed, sz, xq, m0, k, group, out, n);
   for (; m0 < m; ++m0) lane_block<1, Fine>(packed, sz, xq, m0, k, group, out, n);
+}
+
+template <typename Out>
+void all_lane_blocks(const uint8_t* p, const uint16_t* sz, const QuantizedRows& xq, int64_t m,
+                     int64_t k, int64_t group, bool fine, Out* o, int64_t lane_blocks) {
+  const int64_t n = lane_blocks * kLanes;
+  const int64_t packed_stride = k / 8 * 64, sz_stride = k / group * 2 * kLanes;
+  at::parallel_for(0, lane_blocks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t nb = begin; nb < end; ++nb) {
+      const uint8_t* lanes = p + nb * packed_stride;
+      const uint16_t* lane_sz = sz + nb * sz_stride;
+      if (fine)
+        rows_of_lane_block<true>(lanes, lane_sz, xq, m, k, group, o + nb * kLanes, n);
+      else
+        rows_of_lane_block<false>(lanes, lane_sz, xq, m, k, group, o + nb * kLanes, n);
+    }
+  });
 }
 
 at::Tensor q4_mm(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale_zero,
@@ -196,7 +232,6 @@ at::Tensor q4_mm(const at::Tensor& x, const at::Tensor& packed, const at::Tensor
                   packed.size(3) == 4 && packed.is_contiguous(),
               "q4_mm: packed must be contiguous uint8 [N / 16, K / 8, 16, 4]");
   const int64_t m = x.size(0), k = x.size(1), lane_blocks = packed.size(0);
-  const int64_t n = lane_blocks * kLanes;
   TORCH_CHECK(packed.size(1) * 8 == k && k % kBlock == 0, "q4_mm: K mismatch or not a multiple of 32");
   TORCH_CHECK(group_size % kBlock == 0 && k % group_size == 0, "q4_mm: bad group size");
   TORCH_CHECK(scale_zero.scalar_type() == at::kHalf && scale_zero.is_contiguous() &&
@@ -212,22 +247,15 @@ at::Tensor q4_mm(const at::Tensor& x, const at::Tensor& packed, const at::Tensor
   } else {
     TORCH_CHECK(false, "q4_mm: x must be float32 or bfloat16");
   }
-  at::Tensor out = at::empty({m, n}, x.options().dtype(at::kFloat));
+  at::Tensor out = at::empty({m, lane_blocks * kLanes}, x.options());
   const uint8_t* p = packed.data_ptr<uint8_t>();
   const uint16_t* sz = reinterpret_cast<const uint16_t*>(scale_zero.data_ptr<at::Half>());
-  float* o = out.data_ptr<float>();
-  const int64_t packed_stride = k / 8 * 64, sz_stride = k / group_size * 2 * kLanes;
-  at::parallel_for(0, lane_blocks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t nb = begin; nb < end; ++nb) {
-      const uint8_t* lanes = p + nb * packed_stride;
-      const uint16_t* lane_sz = sz + nb * sz_stride;
-      if (fine)
-        rows_of_lane_block<true>(lanes, lane_sz, xq, m, k, group_size, o + nb * kLanes, n);
-      else
-        rows_of_lane_block<false>(lanes, lane_sz, xq, m, k, group_size, o + nb * kLanes, n);
-    }
-  });
-  return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
+  if (x.scalar_type() == at::kFloat)
+    all_lane_blocks(p, sz, xq, m, k, group_size, fine, out.data_ptr<float>(), lane_blocks);
+  else
+    all_lane_blocks(p, sz, xq, m, k, group_size, fine, out.data_ptr<c10::BFloat16>(),
+                    lane_blocks);
+  return out;
 }
 
 }  // namespace
