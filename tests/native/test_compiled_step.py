@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from backends.base import SamplingParams
+from backends.native.compiled_step import GraphCompiler
 from backends.native.engine import LLMEngine
 from tests.native.test_parity import assert_all_blocks_free
 from tests.native.test_parity import make_engine as make_parity_engine
@@ -49,6 +50,22 @@ class StepCounter:
             return inner(*args)
 
         step._logits = counted
+
+
+class LayerCounter:
+    """Counts the layer calls that went through dynamo (not straight to a recorded graph)."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        step = engine.runner.decode_step
+        assert step is not None
+        self.calls = 0
+        inner = step._layer
+
+        def counted(*args: Any) -> torch.Tensor:
+            self.calls += 1
+            return inner(*args)
+
+        step._layer = counted
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +116,35 @@ def test_same_tokens_as_eager(engines: tuple[LLMEngine, LLMEngine], batch: int) 
     assert _outputs(compiled, prompts, _greedy(24)) == _outputs(eager, prompts, _greedy(24))
     assert counter.calls >= 20  # the decode steps ran through the graph
     assert compiled.runner.decode_step.num_graphs == graphs  # warm: nothing compiled
+
+
+def test_later_steps_of_a_shape_call_the_layer_graphs_directly(
+    engines: tuple[LLMEngine, LLMEngine],
+) -> None:
+    """Each (batch, blocks) shape's first step runs the layers through dynamo and records
+    their graphs; the shape's later steps call those graphs directly, same tokens."""
+    compiled, eager = engines
+    step = compiled.runner.decode_step
+    steps, through_dynamo = StepCounter(compiled), LayerCounter(compiled)
+    shapes = len(step._direct)
+    prompts = _prompts(4, seed=21)
+    assert _outputs(compiled, prompts, _greedy(24)) == _outputs(eager, prompts, _greedy(24))
+    new_shapes = len(step._direct) - shapes
+    assert 0 < new_shapes < steps.calls
+    assert through_dynamo.calls == len(compiled.runner.model.model.layers) * new_shapes
+
+
+def test_the_compiler_notes_the_graph_that_ran() -> None:
+    compiler = GraphCompiler()
+    region = torch.compile(lambda x, w: (x @ w).relu(), backend=compiler, fullgraph=True)
+    x, w = torch.randn(2, 3), torch.randn(3, 4)
+    out = region(x, w)
+    graph = compiler.take_last(out)
+    assert graph is not None
+    assert torch.equal(graph.compiled(*graph.read_inputs({"x": x, "w": w}))[0], out)
+    assert compiler.take_last(out) is None  # taken
+    region(x, w)
+    assert compiler.take_last(torch.zeros(1)) is None  # not what the region returned
 
 
 def test_forks_with_seeds_match_eager(engines: tuple[LLMEngine, LLMEngine]) -> None:
