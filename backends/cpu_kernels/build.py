@@ -2,7 +2,8 @@
 torch.compile already needs) into one shared library and loaded as torch operators, once per
 process:
 
-    switchyard_cpu::q4_mm    int8_dot.cpp: 4-bit weights x int8 inputs
+    switchyard_cpu::q4_mm             int8_dot.cpp: 4-bit weights x int8 inputs
+    switchyard_cpu::q4_dequantize_kn  int4_dequant.cpp: the same weights as a dense [K, N]
 
 The library is cached under the cache directory (`SWITCHYARD_CACHE_DIR`, default
 `~/.cache/switchyard`) in `kernels/`, named by everything that goes into it; a build takes
@@ -34,7 +35,10 @@ from backends.native.startup_cache import DEFAULT_CACHE_DIR, cache_root
 log = logging.getLogger(__name__)
 
 # Each source with its own extra flags (e.g. -ffast-math where exp loops should vectorise).
-SOURCES: dict[Path, tuple[str, ...]] = {Path(__file__).with_name("int8_dot.cpp"): ()}
+SOURCES: dict[Path, tuple[str, ...]] = {
+    Path(__file__).with_name("int8_dot.cpp"): (),
+    Path(__file__).with_name("int4_dequant.cpp"): (),
+}
 SETTING = "SWITCHYARD_CPU_KERNELS"
 VARIANTS = {
     "avx512-vnni": ("-DSWITCHYARD_VNNI", "-mavx512f", "-mavx512bw", "-mavx512vl",
@@ -144,4 +148,9 @@ def _register_fake() -> None:
     def _q4_mm(x: torch.Tensor, packed: torch.Tensor, scale_zero: torch.Tensor,
                group_size: int, fine: bool) -> torch.Tensor:
         return x.new_empty(x.shape[0], packed.shape[0] * 16)
+
+    @torch.library.register_fake("switchyard_cpu::q4_dequantize_kn")
+    def _q4_dequantize_kn(packed: torch.Tensor, scale_zero: torch.Tensor, group_size: int,
+                          dtype: torch.dtype) -> torch.Tensor:
+        return packed.new_empty(packed.shape[1] * 8, packed.shape[0] * 16, dtype=dtype)
 

@@ -128,9 +128,8 @@ class Int4Linear(nn.Module):
         return w if self.repeats == 1 else w.view(self.repeats, -1, n).sum(0)
 
     def _dequantize_int8_dot_kn(self, n: int, k: int) -> torch.Tensor:
-        q = dot_layout.unpack_kn(self.packed, self.dtype).view(k // self.group_size, -1, n)
-        scale, zero = (t.to(self.dtype).unsqueeze(1) for t in dot_layout.scale_kn(self.scale_zeros))
-        w = torch.addcmul(zero, q, scale).view(k, n)
+        w = torch.ops.switchyard_cpu.q4_dequantize_kn(
+            self.packed, self.scale_zeros, self.group_size, self.dtype)
         return w if self.repeats == 1 else w.view(self.repeats, -1, n).sum(0)
 
     def rows(self, index: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,7 @@
-"""The int8-dot kernels (backends/cpu_kernels/int8_dot.cpp): their layout, their products against a
-float64 reference, their choice per CPU, and their AVX2 code in a process where torch
-dispatches to AVX2. Int4Linear on top of them is checked in int4_layout_check.py."""
+"""The int8-dot kernels (backends/cpu_kernels/int8_dot.cpp, int4_dequant.cpp): their layout,
+their products and dequantized weights against a float64 reference, their choice per CPU, and
+their AVX2 code in a process where torch dispatches to AVX2. Int4Linear on top of them is
+checked in int4_layout_check.py."""
 
 from __future__ import annotations
 
@@ -93,7 +94,21 @@ def check_products() -> str:
                 want = x.double() @ weight.t()
                 diff = (got.double() - want).abs().max().item()
                 assert diff <= tol * want.abs().max().item(), (n, k, group, rows, fine, dtype)
+    check_dequantization()
     return variant
+
+
+def check_dequantization() -> None:
+    """q4_dequantize_kn against float64: float32 to its rounding, bfloat16 to one rounding."""
+    for seed, (n, k, group) in enumerate([(64, 256, 32), (48, 512, 128), (16, 96, 32)]):
+        q, scale, zero = _weights(n, k, group, seed)
+        packed, scale_zero = layout.pack(q), layout.pack_scales(scale, zero)
+        want = _dense(q, scale, zero, group).t()
+        for dtype, tol in ((torch.float32, 2**-22), (torch.bfloat16, 2**-8)):
+            got = torch.ops.switchyard_cpu.q4_dequantize_kn(packed, scale_zero, group, dtype)
+            assert got.dtype == dtype and got.shape == (k, n)
+            diff = (got.double() - want).abs() - tol * want.abs()
+            assert diff.max().item() <= 1e-12, (n, k, group, dtype)
 
 
 def test_products_match_float64() -> None:
@@ -119,6 +134,10 @@ def test_a_malformed_call_raises_a_clear_error() -> None:
     with pytest.raises(RuntimeError, match="float32 or bfloat16"):
         torch.ops.switchyard_cpu.q4_mm(torch.randn(2, 64).half(), packed, scale_zero, 32,
                                            False)
+    with pytest.raises(RuntimeError, match="float32 or bfloat16"):
+        torch.ops.switchyard_cpu.q4_dequantize_kn(packed, scale_zero, 32, torch.float16)
+    with pytest.raises(RuntimeError, match="bad group size"):
+        torch.ops.switchyard_cpu.q4_dequantize_kn(packed, scale_zero, 12, torch.float32)
 
 
 if __name__ == "__main__":
