@@ -111,7 +111,7 @@ class Int4Linear(nn.Module):
         """The weight as [K, N] in the engine's dtype (kernel column order; halves summed)."""
         n, k = self.out_features, self.in_features * self.repeats
         if self.kernel == "cpu-int8-dot":
-            return self._dequantize_int8_dot_kn(n, k)
+            return self._dequantize_int8_dot_kn(n)
         if self.kernel == "dequantize":
             q = self.packed.to(self.dtype)  # stored plain as [K, N] uint8 on this path
         elif self.layout is not None:
@@ -127,7 +127,7 @@ class Int4Linear(nn.Module):
         w = torch.addcmul(zero.unsqueeze(1), q, scale.unsqueeze(1)).view(k, n)
         return w if self.repeats == 1 else w.view(self.repeats, -1, n).sum(0)
 
-    def _dequantize_int8_dot_kn(self, n: int, k: int) -> torch.Tensor:
+    def _dequantize_int8_dot_kn(self, n: int) -> torch.Tensor:
         w = torch.ops.switchyard_cpu.q4_dequantize_kn(
             self.packed, self.scale_zeros, self.group_size, self.dtype)
         return w if self.repeats == 1 else w.view(self.repeats, -1, n).sum(0)
