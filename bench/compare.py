@@ -375,7 +375,8 @@ def timed_run(server: peers.Server, run: Run, args: argparse.Namespace) -> dict[
         metrics = result.metrics()
         noisy = not args.no_quiet_gate and during >= args.quiet_threshold
         print(f"  {run.key}: {metrics['output_tok_s']:.1f} tok/s, TTFT p50 "
-              f"{metrics['ttft_p50_s'] * 1000:.0f} ms, ITL {metrics['itl_mean_s'] * 1000:.1f} "
+              f"{metrics['ttft_p50_s'] * 1000:.0f} ms (mean {metrics['ttft_mean_s'] * 1000:.0f}"
+              f" ms), ITL {metrics['itl_mean_s'] * 1000:.1f} "
               f"ms; other load during the run {during:.1f}%"
               + (" (noisy" + (", again)" if attempt < args.retries else ")") if noisy else ""),
               flush=True)
