@@ -6,7 +6,8 @@ streaming client (`bench/http_load.py`) sends the same requests to each: POST /v
 
 - w1: W1's random ~125M Llama, 64 random 128-token prompts, 64 out, at 16 and 64 streams;
 - default: the default model (SmolLM2-135M GGUF Q4_1, the same file for llama-server), a
-  short text prompt, 128 out, 16 requests at 1 stream and 32 at 16 (vLLM: n/a);
+  short text prompt numbered per row and request, 128 out, 16 requests at 1 stream and 32
+  at 16 (vLLM: n/a);
 - shared: 32 requests of a shared 512-token prefix + 32 distinct tokens, 32 out, 16 streams;
 - long: 8 random ~1500-token prompts, 32 out, 4 streams.
 
@@ -147,7 +148,8 @@ def build_runs(names: list[str], quick: bool, seed: int) -> list[Run]:
     if "default" in names:
         shapes = ((1, 4, 64),) if quick else ((1, 16, 128), (16, 32, 128))
         for streams, requests, new in shapes:
-            prompts = [f"{i}. {DEFAULT_PROMPT}" for i in range(requests)]
+            # Each row its own prompts: llama-server's slots keep the x1 row's prompts cached.
+            prompts = [f"{streams}-{i}. {DEFAULT_PROMPT}" for i in range(requests)]
             runs.append(Run("default", "default", streams, new, list(prompts),
                             [f"Warm-up {i}. {DEFAULT_PROMPT}" for i in range(2)]))
     if "shared" in names:

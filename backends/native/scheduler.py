@@ -3,10 +3,11 @@
 One `schedule()` / `postprocess()` pair covers prefill, chunked prefill and
 decode: the scheduler gives each sequence a number of new tokens per step.
 Running sequences go first (one token each when decoding, the rest of their
-prompt within the prefill budget otherwise); waiting ones join while the batch
-size, the prefill budget and free KV blocks allow. When blocks run out, the
-youngest running sequence is preempted: its blocks are freed and it goes back to
-the front of the queue, to be recomputed later.
+prompt within the prefill budget otherwise; chunked, decode rows count against
+that budget too); waiting ones join while the batch size, the prefill budget and
+free KV blocks allow. When blocks run out, the youngest running sequence is
+preempted: its blocks are freed and it goes back to the front of the queue, to
+be recomputed later.
 """
 
 from __future__ import annotations
@@ -83,13 +84,23 @@ class Scheduler:
             if batch is not None:
                 return batch
         batch = ScheduledBatch([], [])
-        budget = self.config.max_batch_prefill_tokens
-        budget = self._schedule_running(batch, budget)
+        budget = self._schedule_running(batch, self._prefill_budget())
         had_running = bool(batch.seqs)
         joined = self._schedule_waiting(batch, budget) if self._may_join(had_running) else 0
         self.last_joined = joined
         self.steps_since_join = 0 if joined or not had_running else self.steps_since_join + 1
         return batch
+
+    def _prefill_budget(self) -> int:
+        """Prompt tokens this step may take. Chunked, decode rows count against the budget as
+        in TGI v3 and vLLM, so that a step's rows stay within it (a 2048-token chunk beside
+        48 decode rows ran padded to 2304 rows in the prepacked linears); at least one prompt
+        token a step, so that prompts advance beside any number of decode rows."""
+        budget = self.config.max_batch_prefill_tokens
+        if not self.config.chunked_prefill:
+            return budget
+        decoding = sum(1 for seq in self.running if seq.num_uncomputed_tokens == 1)
+        return max(1, budget - decoding)
 
     def rollback(self, seqs: list[Sequence]) -> None:
         """Undo a failed step: the sequences drop their blocks (uncached: their K/V may be
