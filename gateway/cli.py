@@ -60,6 +60,10 @@ _FLAGS: tuple[tuple[tuple[str, ...], str, type, str], ...] = (
     (("--compile-decode-step",), "compile_decode_step", str,
      "decode-only steps through compiled regions (faster decode, a few seconds more "
      "at start): true (default) | false"),
+    (("--compile-prefill-step",), "compile_prefill_step", str,
+     "prefill and mixed steps: each layer's norms, projections, rotary and MLP compiled "
+     "around its attention: true | false (default: true for dense weights, false for "
+     "quantized ones, where it gains least for the most start-up time)"),
     (("--prepack-weights",), "prepack_weights", str,
      "CPU: dense weights prepacked for oneDNN at load: true (default) | false"),
     (("--cache-dir",), "cache_dir", str,

@@ -40,7 +40,8 @@ _ENGINE_FIELDS = (
     "max_batch_prefill_tokens", "max_batch_total_tokens", "kv_cache_memory", "block_size",
     "num_threads", "max_concurrent_requests", "max_queued_requests", "max_queued_tokens",
     "queue_timeout", "request_timeout", "waiting_served_ratio", "max_waiting_tokens",
-    "chunked_prefill", "prefix_caching", "compile", "compile_decode_step", "prepack_weights",
+    "chunked_prefill", "prefix_caching", "compile", "compile_decode_step",
+    "compile_prefill_step", "prepack_weights",
     "quantize", "quantized_kernels", "cache_dir",
 )
 DEFAULT_MAX_BODY_BYTES = 8 * 1024**2
@@ -106,6 +107,7 @@ class Settings(BaseSettings):
     prefix_caching: bool | None = None
     compile: bool | None = None
     compile_decode_step: bool | None = None
+    compile_prefill_step: bool | None = None
     prepack_weights: bool | None = None
     # the native engine's startup cache; unset: ~/.cache/switchyard (backends/registry.py)
     cache_dir: str | None = None

@@ -70,7 +70,7 @@ def _logits(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return model.logits(x)
 
 
-def _own_copy(fn: Callable[..., Any]) -> Callable[..., Any]:
+def own_copy(fn: Callable[..., Any]) -> Callable[..., Any]:
     """`fn` with a code object of its own: dynamo keeps its compiled graphs (and counts them
     against its recompile limit) per code object, so each engine gets a cache that holds only
     its own graphs and dies with it."""
@@ -108,10 +108,11 @@ class GraphCompiler:
     ran last (`take_last`). It holds no tensors beyond one call: dynamo keeps every backend
     for the life of the process."""
 
-    def __init__(self) -> None:
+    def __init__(self, step: str = "decode step") -> None:
+        self.step = step  # which step's regions, for the log
         self.num_graphs = 0
         self.seconds = 0.0
-        self.shape = (0, 0)  # (batch, blocks) of the call being run, for the log
+        self.shape = "?"  # the call being run, for the log
         self._last: tuple[DirectGraph | None, Any] = (None, None)
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
@@ -120,9 +121,8 @@ class GraphCompiler:
         seconds = time.perf_counter() - start
         self.num_graphs += 1
         self.seconds += seconds
-        batch, blocks = self.shape
-        log.info("compiled decode step region %d (batch %s, %d blocks; dynamic blocks): %.2fs",
-                 self.num_graphs, batch if batch == 1 else f"{batch}, dynamic", blocks, seconds)
+        log.info("compiled %s region %d (%s): %.2fs", self.step, self.num_graphs, self.shape,
+                 seconds)
         direct = _direct_graph(gm, compiled)
 
         def run(*args: Any) -> Any:
@@ -158,7 +158,7 @@ class CompiledDecodeStep:
             torch._dynamo.mark_static(cache)
         # Past MAX_GRAPHS a region fails to compile and the engine decodes eagerly.
         self._embed, self._layer, self._logits = (
-            torch.compile(_own_copy(fn), dynamic=False, fullgraph=True, backend=self.compiler,
+            torch.compile(own_copy(fn), dynamic=False, fullgraph=True, backend=self.compiler,
                           recompile_limit=MAX_GRAPHS)
             for fn in (_embed, _layer, _logits)
         )
@@ -228,7 +228,8 @@ class CompiledDecodeStep:
                 max(0, position + 1 - window) if window else 0,
                 *table, *[0] * (width - len(table)),
             ])
-        self.compiler.shape = (len(rows), width)
+        batch = "batch 1" if len(rows) == 1 else f"batch {len(rows)}, dynamic"
+        self.compiler.shape = f"{batch}, {width} blocks; dynamic blocks"
         return torch.tensor(rows, dtype=torch.long, device=self.device)
 
 

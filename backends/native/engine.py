@@ -35,6 +35,8 @@ if TYPE_CHECKING:
     from backends.native.structured import CompiledGrammar
 
 log = logging.getLogger(__name__)
+# The warm-up's last prefill: past Int4Linear's row threshold (128), under typical budgets.
+WARMUP_PREFILL_ROWS = 160
 
 
 @dataclass
@@ -75,6 +77,7 @@ class LLMEngine:
             self.loaded.model, self.loaded.kv_cache, self.loaded.device,
             self.loaded.sliding_window, compiled=config.compile,
             whole_step=config.compile and config.compile_decode_step,
+            compiled_prefill=config.compile and _compiles_prefill(config, self.loaded),
         )
         self.generator = torch.Generator().manual_seed(config.seed)
         self._groups: dict[str, list[Sequence]] = {}  # request id -> its unfinished choices
@@ -373,7 +376,9 @@ class LLMEngine:
     def warmup(self) -> None:
         """Compile at load what the first clients would otherwise pay for (TGI warms up at
         startup too): a mixed step (the per-layer decode attention beside a prefill), then
-        decode-only steps of three rows and of one (the two whole-step graphs)."""
+        decode-only steps of three rows and of one (the two whole-step graphs), then, with the
+        compiled prefill step, a prefill past int4 linears' row threshold (their graphs
+        differ there)."""
         def greedy(n: int) -> SamplingParams:
             return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
 
@@ -384,6 +389,11 @@ class LLMEngine:
         self.add_request(f"{tag}-2", [1, 2, 5, 6], greedy(2))
         while self.has_work():
             self.step()
+        if self.runner.prefill_step is not None:
+            rows = min(WARMUP_PREFILL_ROWS, self.loaded.max_input_tokens)
+            self.add_request(f"{tag}-3", [1 + i % 7 for i in range(rows)], greedy(1))
+            while self.has_work():
+                self.step()
         self.step_timings.clear()
 
     def generate(
@@ -399,6 +409,12 @@ class LLMEngine:
         while self.has_work():
             self.step()
         return seqs
+
+
+def _compiles_prefill(config: EngineConfig, loaded: LoadedModel) -> bool:
+    if config.compile_prefill_step is not None:
+        return config.compile_prefill_step
+    return loaded.quantization is None
 
 
 def _timings(seq: Sequence) -> RequestTimings:

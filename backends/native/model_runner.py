@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from backends.native.attention import AttentionMetadata, KVCache, PrefillChunk, decode_mask
+from backends.native.compiled_prefill import CompiledPrefillStep
 from backends.native.compiled_step import CompiledDecodeStep
 from backends.native.scheduler import ScheduledBatch
 from backends.native.sequence import Sequence
@@ -26,6 +27,7 @@ class ModelRunner:
     def __init__(
         self, model: nn.Module, kv_cache: KVCache, device: torch.device,
         sliding_window: int | None, compiled: bool = False, whole_step: bool = False,
+        compiled_prefill: bool = False,
     ) -> None:
         self.model = model
         self.kv_cache = kv_cache
@@ -38,6 +40,11 @@ class ModelRunner:
         self.decode_step = (
             CompiledDecodeStep(model, kv_cache, sliding_window, device)
             if whole_step and hasattr(model, "embed") and hasattr(model, "logits") else None
+        )
+        # Steps with prompt chunks: each layer's work around its eager attention compiled.
+        self.prefill_step = (
+            CompiledPrefillStep(model, kv_cache)
+            if compiled_prefill and CompiledPrefillStep.supports(model) else None
         )
 
     @torch.inference_mode()
@@ -56,9 +63,14 @@ class ModelRunner:
             if logits is not None:
                 return logits, list(batch.seqs)
         inputs = self.prepare(batch)
-        logits = self.model(
-            inputs.input_ids, inputs.positions, self.kv_cache, inputs.meta, inputs.logits_indices
-        )
+        logits = None
+        if inputs.meta.prefills and self.prefill_step is not None and not self.prefill_step.broken:
+            logits = self.prefill_step.run(
+                inputs.input_ids, inputs.positions, inputs.meta, inputs.logits_indices
+            )
+        if logits is None:
+            logits = self.model(inputs.input_ids, inputs.positions, self.kv_cache, inputs.meta,
+                                inputs.logits_indices)
         return logits, inputs.sampling_seqs
 
     def _decode_only(self, batch: ScheduledBatch) -> bool:

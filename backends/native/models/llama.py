@@ -128,13 +128,19 @@ class LlamaAttention(nn.Module):
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
         k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata | DecodeMetadata,
     ) -> torch.Tensor:
+        q, k, v = self.project(x, cos, sin)
+        out = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale)
+        return self.o_proj(out.reshape(x.shape[0], -1))
+
+    def project(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [T, H, D] and k [T, KVH, D] rotated, v [T, KVH, D]."""
         t = x.shape[0]
         q, k, v = self.qkv_proj(x).split(self.qkv_proj.shards, dim=-1)
         q = apply_rotary(q.view(t, self.num_heads, self.head_dim), cos, sin)
         k = apply_rotary(k.view(t, self.num_kv_heads, self.head_dim), cos, sin)
-        v = v.view(t, self.num_kv_heads, self.head_dim)
-        out = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale)
-        return self.o_proj(out.reshape(t, -1))
+        return q, k, v.view(t, self.num_kv_heads, self.head_dim)
 
 
 class LlamaMLP(nn.Module):
@@ -162,6 +168,17 @@ class LlamaDecoderLayer(nn.Module):
         k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata | DecodeMetadata,
     ) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_cache, v_cache, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+    # The layer in two halves around its attention, for steps that compile them
+    # (compiled_prefill.py): the same operations as forward, in the same order.
+    def before_attention(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.self_attn.project(self.input_layernorm(x), cos, sin)
+
+    def after_attention(self, x: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn.o_proj(attention.reshape(x.shape[0], -1))
         return x + self.mlp(self.post_attention_layernorm(x))
 
 

@@ -1,0 +1,105 @@
+"""Prefill and mixed steps with each decoder layer's own work compiled around its attention.
+
+A step that prefills runs its attention eagerly (one SDPA call per prompt chunk, the decode
+rows through the compiled decode kernel: `attention.paged_attention`), and everything else of
+a layer as two compiled regions: before the attention (input norm, fused QKV projection,
+rotary) and after it (output projection, residual, post-attention norm, MLP, residual). In
+eager mode that work was ~15% of a W1 prefill step in small elementwise operators (each a
+pass over [rows, hidden] in memory); compiled, inductor fuses them. The two regions are graphs
+that every layer runs (weights are graph inputs) with the row count dynamic, so one pair of
+graphs serves every step; an int4 linear's row threshold (`Int4Linear`: kernel below it,
+dequantize + matmul from it) makes it two pairs. Decode-only steps keep to their own path
+(`compiled_step.py`, or eager).
+
+A region that cannot compile marks the step `broken` and the engine prefills eagerly from then
+on; the layers before it have written this step's K/V, which the eager step writes again.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch._dynamo
+from torch import nn
+
+from backends.native.attention import AttentionMetadata, KVCache, no_duck_shapes, paged_attention
+from backends.native.compiled_step import MAX_GRAPHS, GraphCompiler, own_copy
+
+log = logging.getLogger(__name__)
+
+
+def _before_attention(
+    layer: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return layer.before_attention(x, cos, sin)
+
+
+def _after_attention(layer: nn.Module, x: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
+    return layer.after_attention(x, attention)
+
+
+class CompiledPrefillStep:
+    """Runs steps with prompt chunks through the compiled layer halves; `broken` once a compile
+    failed (the runner then keeps to the eager forward)."""
+
+    def __init__(self, model: nn.Module, kv_cache: KVCache) -> None:
+        self.model, self.kv_cache = model, kv_cache
+        self.compiler = GraphCompiler("prefill step")
+        self.broken = False
+        self._before, self._after = (
+            torch.compile(own_copy(fn), dynamic=False, fullgraph=True, backend=self.compiler,
+                          recompile_limit=MAX_GRAPHS)
+            for fn in (_before_attention, _after_attention)
+        )
+
+    @staticmethod
+    def supports(model: nn.Module) -> bool:
+        layers = getattr(getattr(model, "model", None), "layers", None)
+        return (hasattr(model, "embed") and hasattr(model, "logits") and layers is not None
+                and all(hasattr(layer, "before_attention") for layer in layers))
+
+    @property
+    def num_graphs(self) -> int:
+        return self.compiler.num_graphs
+
+    def run(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+        logits_indices: torch.Tensor,
+    ) -> torch.Tensor | None:
+        """Float32 logits of the rows in `logits_indices`, as the model's forward returns
+        them; None if a region cannot be compiled (logged once)."""
+        rows = input_ids.shape[0]
+        self.compiler.shape = f"{rows} rows" + ("" if rows == 1 else "; dynamic rows")
+        try:
+            with no_duck_shapes():
+                x = self._layers(input_ids, positions, meta, dynamic=rows > 1)
+        except (torch._dynamo.exc.TorchDynamoException,
+                torch._dynamo.exc.FailOnRecompileLimitHit) as exc:
+            log.error("compiled prefill step unavailable, prefilling eagerly: %s",
+                      str(exc).splitlines()[0])
+            self.broken = True
+            return None
+        return self.model.logits(x.index_select(0, logits_indices))
+
+    def _layers(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+        dynamic: bool,
+    ) -> torch.Tensor:
+        x, cos, sin = self.model.embed(input_ids, positions)
+        _rows_dynamic(dynamic, cos, sin)
+        k_caches, v_caches = self.kv_cache.k, self.kv_cache.v
+        for i, layer in enumerate(self.model.model.layers):
+            _rows_dynamic(dynamic, x)
+            q, k, v = self._before(layer, x, cos, sin)
+            attention = paged_attention(q, k, v, k_caches[i], v_caches[i], meta,
+                                        layer.self_attn.scale)
+            _rows_dynamic(dynamic, attention)
+            x = self._after(layer, x, attention)
+        return x
+
+
+def _rows_dynamic(dynamic: bool, *tensors: torch.Tensor) -> None:
+    if dynamic:
+        for tensor in tensors:
+            torch._dynamo.mark_dynamic(tensor, 0)
