@@ -18,6 +18,7 @@ bench/.peers on first use (`bench/peers.py`). One table of figures and Switchyar
     .venv/bin/python -m bench.compare [--quick] [--only switchyard,llama,vllm]
         [--workloads w1,default,shared,long] [--threads 2] [--dtype auto] [--json out.json]
         [--switchyard-arg=--no-chunked-prefill ...] [--keep-logs DIR] [--no-quiet-gate]
+        [--rounds N]
 """
 
 from __future__ import annotations
@@ -50,11 +51,10 @@ from bench.common import (  # noqa: E402
     write_json,
     write_random_llama,
 )
+from bench.compare_table import LABELS, Figures, combine_rounds, round_ratios, table  # noqa: E402
 from bench.http_load import LoadError, Prompt, run_load  # noqa: E402
 
 ENGINES = ("switchyard", "vllm", "llama")
-LABELS = {"switchyard": "Switchyard", "vllm": "vLLM", "llama": "llama.cpp"}
-SHORT = {"switchyard": "SY", "vllm": "vLLM", "llama": "llama"}
 WORKLOADS = ("w1", "default", "shared", "long")
 SERVED_NAME = "bench"
 GGUF_OUTTYPE = {"bfloat16": "bf16", "float32": "f32", "float16": "f16"}
@@ -115,6 +115,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quiet-timeout", type=float, default=300.0,
                         help="seconds to wait for a quiet machine before giving up")
     parser.add_argument("--no-quiet-gate", action="store_true", help="skip the quiet gate")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run every engine this many times, in reverse order every other "
+                             "round (A B, B A, ...): rows report each figure's median over the "
+                             "rounds, and each round's ratios are printed (the machine's speed "
+                             "drifts between engines run minutes apart)")
     parser.add_argument("--retries", type=int, default=2,
                         help="times a row is run again when other load exceeded the threshold "
                              "while it ran")
@@ -329,7 +334,6 @@ def quiet_gate(server: peers.Server, args: argparse.Namespace) -> dict[str, floa
 
 # --- running --------------------------------------------------------------------------------------
 
-Figures = dict[str, dict[str, Any]]  # run key -> engine -> metrics or {"error": ...}
 FAILURES = (LoadError, httpx.HTTPError, OSError, ValueError)  # a request's, not the bench's
 
 
@@ -439,52 +443,6 @@ def git_version() -> str:
                                                    else "")
 
 
-# --- the table ------------------------------------------------------------------------------------
-
-def table(runs: list[Run], engines: list[str], figures: Figures) -> list[str]:
-    """One Markdown table: per engine tok/s, TTFT p50, ITL; then Switchyard's ratios."""
-    peer_list = [e for e in engines if e != "switchyard"] if "switchyard" in engines else []
-    head = ["workload", "streams"]
-    for e in engines:
-        head += [f"{SHORT[e]} tok/s", f"{SHORT[e]} TTFT p50", f"{SHORT[e]} ITL"]
-    for p in peer_list:
-        head += [f"SY/{SHORT[p]} tok/s", f"SY/{SHORT[p]} TTFT"]
-    rows = [head, ["---"] * len(head)]
-    notes: list[str] = []
-    for run in runs:
-        cells = [run.workload, str(run.concurrency)]
-        cell_of = figures[run.key]
-        for e in engines:
-            m = cell_of.get(e)
-            if m is None:
-                cells += ["n/a", "", ""]
-            elif "error" in m:
-                cells += ["failed", "", ""]
-                notes.append(f"{LABELS[e]}, {run.key}: {m['error']}")
-            else:
-                mark = "*" if m.get("noisy") else ""
-                cells += [f"{m['output_tok_s']:.1f}{mark}", f"{m['ttft_p50_s'] * 1000:.0f} ms",
-                          f"{m['itl_mean_s'] * 1000:.1f} ms"]
-                if mark:
-                    notes.append(f"* {LABELS[e]}, {run.key}: other processes took "
-                                 f"{m['other_load_during_pct']:.0f}% of the machine during the "
-                                 f"run")
-        for p in peer_list:
-            cells += ratios(cell_of.get("switchyard"), cell_of.get(p))
-        rows.append(cells)
-    lines = ["| " + " | ".join(r) + " |" for r in rows]
-    lines.append("SY/peer tok/s > 1: Switchyard faster; SY/peer TTFT < 1: Switchyard answers "
-                 "sooner. ITL: mean gap between token chunks.")
-    return lines + sorted(set(notes), key=notes.index)
-
-
-def ratios(sy: dict[str, Any] | None, peer: dict[str, Any] | None) -> list[str]:
-    if not sy or not peer or "error" in sy or "error" in peer:
-        return ["n/a", "n/a"]
-    return [f"{sy['output_tok_s'] / peer['output_tok_s']:.2f}x",
-            f"{sy['ttft_p50_s'] / peer['ttft_p50_s']:.2f}x"]
-
-
 # --- main -----------------------------------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> None:
@@ -504,7 +462,7 @@ def main(argv: list[str] | None = None) -> None:
     for run in runs:
         print(f"  {run.describe()}")
     figures: Figures = {run.key: {} for run in runs}
-    record: dict[str, Any] = {"commands": {}}
+    record: dict[str, Any] = {"commands": {}, "rounds": args.rounds}
     with tempfile.TemporaryDirectory(prefix="compare-") as tmp_name:
         tmp = Path(tmp_name)
         logs = tmp / "logs"
@@ -514,16 +472,15 @@ def main(argv: list[str] | None = None) -> None:
             print("versions: " + "; ".join(f"{LABELS[k]} {v}"
                                            for k, v in record["versions"].items()), flush=True)
             models = prepare_models(runs, args.engines, dtype, args.seed, tmp)
-            for engine in args.engines:
-                for model_name, model in models.items():
-                    mine = [r for r in runs if r.model == model_name and engine in
-                            r.engines(args.engines)]
-                    if mine:
-                        run_engine(engine, model, mine, args, dtype, logs, figures, record)
+            rounds = [run_round(i, runs, models, args, dtype, logs, record)
+                      for i in range(args.rounds)]
+            figures = combine_rounds(rounds)
         finally:
             keep_logs(tmp, args.keep_logs)
     print()
     print("\n".join(table(runs, args.engines, figures)))
+    if args.rounds > 1:
+        print("\n".join(round_ratios(runs, args.engines, rounds)))
     print(f"total wall time: {time.perf_counter() - wall:.1f} s")
     write_json(args.json, facts, {
         "engines": args.engines, "dtype": dtype, "threads": args.threads,
@@ -532,6 +489,24 @@ def main(argv: list[str] | None = None) -> None:
                   "requests": len(r.prompts), "concurrency": r.concurrency,
                   "max_tokens": r.max_tokens, "figures": figures[r.key]} for r in runs],
     })
+
+
+def run_round(index: int, runs: list[Run], models: dict[str, ModelFiles],
+              args: argparse.Namespace, dtype: str, logs: Path, record: dict[str, Any],
+              ) -> Figures:
+    """Every engine once over every row; every other round in reverse engine order."""
+    figures: Figures = {run.key: {} for run in runs}
+    order = args.engines if index % 2 == 0 else args.engines[::-1]
+    if args.rounds > 1:
+        print(f"round {index + 1} of {args.rounds}: "
+              + ", ".join(LABELS[e] for e in order), flush=True)
+    for engine in order:
+        for model_name, model in models.items():
+            mine = [r for r in runs if r.model == model_name and engine in
+                    r.engines(args.engines)]
+            if mine:
+                run_engine(engine, model, mine, args, dtype, logs, figures, record)
+    return figures
 
 
 def keep_logs(tmp: Path, dest: Path | None) -> None:

@@ -69,11 +69,10 @@ class CompiledPrefillStep:
     ) -> torch.Tensor | None:
         """Float32 logits of the rows in `logits_indices`, as the model's forward returns
         them; None if a region cannot be compiled (logged once)."""
-        rows = input_ids.shape[0]
-        self.compiler.shape = f"{rows} rows" + ("" if rows == 1 else "; dynamic rows")
+        self.compiler.shape = f"{input_ids.shape[0]} rows; dynamic rows"
         try:
             with no_duck_shapes():
-                x = self._layers(input_ids, positions, meta, dynamic=rows > 1)
+                x = self._layers(input_ids, positions, meta)
         except (torch._dynamo.exc.TorchDynamoException,
                 torch._dynamo.exc.FailOnRecompileLimitHit) as exc:
             log.error("compiled prefill step unavailable, prefilling eagerly: %s",
@@ -84,22 +83,21 @@ class CompiledPrefillStep:
 
     def _layers(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-        dynamic: bool,
     ) -> torch.Tensor:
+        """A step with a prompt chunk has two rows or more: the row count can be dynamic."""
         x, cos, sin = self.model.embed(input_ids, positions)
-        _rows_dynamic(dynamic, cos, sin)
+        _rows_dynamic(cos, sin)
         k_caches, v_caches = self.kv_cache.k, self.kv_cache.v
         for i, layer in enumerate(self.model.model.layers):
-            _rows_dynamic(dynamic, x)
+            _rows_dynamic(x)
             q, k, v = self._before(layer, x, cos, sin)
             attention = paged_attention(q, k, v, k_caches[i], v_caches[i], meta,
                                         layer.self_attn.scale)
-            _rows_dynamic(dynamic, attention)
+            _rows_dynamic(attention)
             x = self._after(layer, x, attention)
         return x
 
 
-def _rows_dynamic(dynamic: bool, *tensors: torch.Tensor) -> None:
-    if dynamic:
-        for tensor in tensors:
-            torch._dynamo.mark_dynamic(tensor, 0)
+def _rows_dynamic(*tensors: torch.Tensor) -> None:
+    for tensor in tensors:
+        torch._dynamo.mark_dynamic(tensor, 0)
