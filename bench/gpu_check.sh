@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Where a CUDA device is lent: the quantized Linears' CUDA tests (gptqmodel's kernels when
 # installed), then a batch-1 GEMV timing of the int4 (torch tinygemm) and int8 paths against
-# bf16 on a 4096 x 4096 and a 14336 x 4096 weight. Needs torch with CUDA; bitsandbytes and
-# gptqmodel optional. Prints everything; exits non-zero on a test failure.
+# bf16 on a 4096 x 4096 and a 14336 x 4096 weight, then the native engine against
+# transformers on the GPU (bench/gpu_engine_check.py) when its models are in .gpu/ (write them
+# here with `.venv/bin/python -m bench.gpu_engine_check --prepare .gpu`, exclude .gpu/ from git,
+# and carry it). Needs torch with CUDA; bitsandbytes and gptqmodel optional. Prints everything;
+# exits non-zero on a test failure.
 # Usage: bash bench/gpu_check.sh [python]
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -51,4 +54,7 @@ for n, k in [(4096, 4096), (14336, 4096)]:
               f"int4 {int4.kernel} {timed(lambda: int4(x)):.1f} us, "
               f"int8 {int8.kernel} {timed(lambda: int8(x)):.1f} us")
 PYEOF
+if [ -d .gpu ]; then
+    "$PY" -m bench.gpu_engine_check --models .gpu || rc=1
+fi
 exit $rc

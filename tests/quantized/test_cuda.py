@@ -5,6 +5,7 @@ by bench/gpu_check.sh where a GPU is lent; skipped elsewhere."""
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -97,11 +98,12 @@ def test_bitsandbytes(kind: str) -> None:
     assert (got - x @ w.t()).abs().max() <= 0.15 * (x @ w.t()).abs().max()
 
 
+# Skipped before its fixtures run: `tokenizer_dir` needs the default model's package.
+@pytest.mark.skipif(importlib.util.find_spec("gptqmodel") is None, reason="needs gptqmodel")
 @pytest.mark.parametrize("name", sorted(p.name for p in FIXTURES.glob("*-w4-*")))
 def test_auto_picks_a_gptqmodel_cuda_kernel(name: str, tokenizer_dir: Path, tmp_path: Path) -> None:
     """`auto` on CUDA: gptqmodel's fastest kernel that takes the layout (Marlin / Machete /
     ExLlamaV2 for GPTQ, Marlin / GEMM / ExLlamaV2 for AWQ), never its generic torch ones."""
-    pytest.importorskip("gptqmodel")
     from gptqmodel.models._const import DEVICE
 
     engine = make_engine(fixture_folder(name, tokenizer_dir, tmp_path), device="cuda")
