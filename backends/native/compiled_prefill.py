@@ -24,7 +24,7 @@ import torch._dynamo
 from torch import nn
 
 from backends.native.attention import AttentionMetadata, KVCache, no_duck_shapes, paged_attention
-from backends.native.compiled_step import MAX_GRAPHS, GraphCompiler, own_copy
+from backends.native.compiled_step import COMPILE_FAILURES, MAX_GRAPHS, GraphCompiler, own_copy
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +73,7 @@ class CompiledPrefillStep:
         try:
             with no_duck_shapes():
                 x = self._layers(input_ids, positions, meta)
-        except (torch._dynamo.exc.TorchDynamoException,
-                torch._dynamo.exc.FailOnRecompileLimitHit) as exc:
+        except COMPILE_FAILURES as exc:
             log.error("compiled prefill step unavailable, prefilling eagerly: %s",
                       str(exc).splitlines()[0])
             self.broken = True

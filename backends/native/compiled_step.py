@@ -42,6 +42,9 @@ log = logging.getLogger(__name__)
 
 MIN_BLOCKS = 2  # a table of one block would be a size-1 dimension: its own graph
 MAX_GRAPHS = 8  # per region: batch 1 and a dynamic batch, plus a layer that differs (GGUF)
+# What a region that cannot compile raises; the step then falls back to eager for good.
+COMPILE_FAILURES = (torch._dynamo.exc.TorchDynamoException,
+                    torch._dynamo.exc.FailOnRecompileLimitHit)
 
 
 def _embed(
@@ -177,8 +180,7 @@ class CompiledDecodeStep:
         try:
             with no_duck_shapes():
                 return self._forward(rows, batch_dims)
-        except (torch._dynamo.exc.TorchDynamoException,
-                torch._dynamo.exc.FailOnRecompileLimitHit) as exc:
+        except COMPILE_FAILURES as exc:
             log.error("compiled decode step unavailable, decoding eagerly: %s",
                       str(exc).splitlines()[0])
             self.broken = True

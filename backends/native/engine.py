@@ -377,8 +377,8 @@ class LLMEngine:
         """Compile at load what the first clients would otherwise pay for (TGI warms up at
         startup too): a mixed step (the per-layer decode attention beside a prefill), then
         decode-only steps of three rows and of one (the two whole-step graphs), then, with the
-        compiled prefill step, a prefill past int4 linears' row threshold (their graphs
-        differ there)."""
+        compiled prefill step on quantized weights, a prefill past int4 linears' row threshold
+        (their graphs differ there)."""
         def greedy(n: int) -> SamplingParams:
             return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
 
@@ -389,7 +389,7 @@ class LLMEngine:
         self.add_request(f"{tag}-2", [1, 2, 5, 6], greedy(2))
         while self.has_work():
             self.step()
-        if self.runner.prefill_step is not None:
+        if self.runner.prefill_step is not None and self.loaded.quantization is not None:
             rows = min(WARMUP_PREFILL_ROWS, self.loaded.max_input_tokens)
             self.add_request(f"{tag}-3", [1 + i % 7 for i in range(rows)], greedy(1))
             while self.has_work():
