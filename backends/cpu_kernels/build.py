@@ -4,6 +4,8 @@ process:
 
     switchyard_cpu::q4_mm             int8_dot.cpp: 4-bit weights x int8 inputs
     switchyard_cpu::q4_dequantize_kn  int4_dequant.cpp: the same weights as a dense [K, N]
+    switchyard_cpu::paged_decode_attention  paged_attention.cpp: decode rows over KV blocks
+    switchyard_cpu::prepacked_linear  prepacked_linear.cpp: cpu_linear.py's oneDNN call
 
 The library is cached under the cache directory (`SWITCHYARD_CACHE_DIR`, default
 `~/.cache/switchyard`) in `kernels/`, named by everything that goes into it; a build takes
@@ -38,6 +40,8 @@ log = logging.getLogger(__name__)
 SOURCES: dict[Path, tuple[str, ...]] = {
     Path(__file__).with_name("int8_dot.cpp"): (),
     Path(__file__).with_name("int4_dequant.cpp"): (),
+    Path(__file__).with_name("paged_attention.cpp"): (),
+    Path(__file__).with_name("prepacked_linear.cpp"): (),
 }
 SETTING = "SWITCHYARD_CPU_KERNELS"
 VARIANTS = {
@@ -153,4 +157,15 @@ def _register_fake() -> None:
     def _q4_dequantize_kn(packed: torch.Tensor, scale_zero: torch.Tensor, group_size: int,
                           dtype: torch.dtype) -> torch.Tensor:
         return packed.new_empty(packed.shape[1] * 8, packed.shape[0] * 16, dtype=dtype)
+
+    @torch.library.register_fake("switchyard_cpu::paged_decode_attention")
+    def _paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                                block_tables: torch.Tensor, mask: torch.Tensor,
+                                scale: float) -> torch.Tensor:
+        return q.new_empty(q.shape)
+
+    @torch.library.register_fake("switchyard_cpu::prepacked_linear")
+    def _prepacked_linear(x: torch.Tensor, handle: torch.Tensor, out_features: int,
+                          bias: torch.Tensor | None) -> torch.Tensor:
+        return x.new_empty((*x.shape[:-1], out_features))
 

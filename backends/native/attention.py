@@ -16,6 +16,10 @@ import torch
 import torch.fx.experimental._config as fx_config
 import torch.nn.functional as F
 
+from backends.cpu_kernels.build import active_variant
+
+KERNEL_HEAD_DIMS = (16, 32, 64, 80, 96, 128, 256)  # built into paged_attention.cpp
+
 
 @dataclass
 class PrefillChunk:
@@ -84,15 +88,22 @@ class KVCache:
 def paged_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
     v_cache: torch.Tensor, meta: AttentionMetadata | DecodeMetadata, scale: float,
+    cpu_kernel: bool = False,
 ) -> torch.Tensor:
-    """q [T, H, D], k/v [T, KVH, D] (new tokens) -> [T, H, D]. Writes k/v into the cache."""
+    """q [T, H, D], k/v [T, KVH, D] (new tokens) -> [T, H, D]. Writes k/v into the cache.
+    `cpu_kernel`: decode rows that would run compiled go through our C++ kernel instead
+    (`decode_kernel_fits` said it is built and covers these shapes)."""
     k_cache[meta.slot_blocks, :, meta.slot_offsets] = k
     v_cache[meta.slot_blocks, :, meta.slot_offsets] = v
     if isinstance(meta, DecodeMetadata):  # traced into the whole-step graph: no nested compile
+        if cpu_kernel:
+            return torch.ops.switchyard_cpu.paged_decode_attention(
+                q, k_cache, v_cache, meta.block_tables, meta.mask, scale)
         return _decode_fused(q, k_cache, v_cache, meta.block_tables, meta.mask, scale)
     parts = []
     if meta.num_decode:
-        parts.append(_decode_attention(q[: meta.num_decode], k_cache, v_cache, meta, scale))
+        parts.append(
+            _decode_attention(q[: meta.num_decode], k_cache, v_cache, meta, scale, cpu_kernel))
     for chunk in meta.prefills:
         rows = slice(chunk.start, chunk.start + chunk.length)
         parts.append(
@@ -117,13 +128,27 @@ def _gather(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
     return blocks.transpose(1, 2).reshape(b, kvh, nb * bs, d)
 
 
+def decode_kernel_fits(
+    device: torch.device, dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int,
+    block_size: int,
+) -> bool:
+    """Whether `switchyard_cpu::paged_decode_attention` (cpu_kernels/paged_attention.cpp) is
+    built in this process and covers these shapes."""
+    return (device.type == "cpu" and dtype in (torch.float32, torch.bfloat16)
+            and head_dim in KERNEL_HEAD_DIMS and heads % kv_heads == 0
+            and heads // kv_heads <= 16 and block_size <= 64 and active_variant() is not None)
+
+
 def _decode_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-    meta: AttentionMetadata, scale: float,
+    meta: AttentionMetadata, scale: float, cpu_kernel: bool,
 ) -> torch.Tensor:
     tables, mask = meta.decode_block_tables, meta.decode_mask
     if not meta.compiled:
         return _decode_eager(q, k_cache, v_cache, tables, meta.decode_spans, scale)
+    if cpu_kernel:
+        return torch.ops.switchyard_cpu.paged_decode_attention(
+            q, k_cache, v_cache, tables, mask, scale)
     if q.shape[0] == 1:  # pad to two rows: one compiled graph serves every batch size
         q = torch.cat((q, q))
         tables = torch.cat((tables, tables))

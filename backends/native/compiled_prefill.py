@@ -91,7 +91,7 @@ class CompiledPrefillStep:
             _rows_dynamic(x)
             q, k, v = self._before(layer, x, cos, sin)
             attention = paged_attention(q, k, v, k_caches[i], v_caches[i], meta,
-                                        layer.self_attn.scale)
+                                        layer.self_attn.scale, layer.self_attn.cpu_kernel)
             _rows_dynamic(attention)
             x = self._after(layer, x, attention)
         return x

@@ -33,6 +33,9 @@ class EngineConfig:
     compile_prefill_step: bool | None = None
     # CPU: dense linears through oneDNN with weights prepacked once at load (cpu_linear.py)
     prepack_weights: bool = True
+    # CPU: compiled decode attention through our C++ kernel (cpu_kernels/paged_attention.cpp)
+    # where it is built and fits the shapes; False: inductor's code for the torch reductions
+    decode_attention_kernel: bool = True
     max_concurrent_requests: int = 128  # admission: beyond it, 429 at once
     # Waiting beyond the running batch (admitted, not yet scheduled): beyond these, 429 with a
     # Retry-After from the measured drain rate. None: unbounded (max_concurrent_requests only).

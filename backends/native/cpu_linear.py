@@ -6,9 +6,10 @@ inductor's `freezing` emits) and calling `mkldnn._linear_pointwise` is bit-ident
 and 1.3-4x faster at 1-64 rows on both CPU kinds (bench/linear_kernels.py). The packed weight
 replaces the plain one: no second copy stays resident (a tied lm_head keeps the embedding's).
 
-The call goes through a custom op that looks the packed weight up by handle, because an
-opaque oneDNN tensor cannot be traced: torch.compile sees the op as a black box. The handle
-is a tensor, not an int, so that one compiled decoder layer serves every layer
+The call goes through an operator that looks the packed weight up by handle (ours in C++,
+cpu_kernels/prepacked_linear.cpp, where our kernels are built; else a Python custom op here),
+because an opaque oneDNN tensor cannot be traced: torch.compile sees the op as a black box.
+The handle is a tensor, not an int, so that one compiled decoder layer serves every layer
 (compiled_step.py): a Python int on a module would be guarded, one graph per layer.
 
 oneDNN builds (and caches, process-wide) one primitive per input row count, and each holds
@@ -24,6 +25,8 @@ import logging
 
 import torch
 from torch import nn
+
+from backends.cpu_kernels.build import active_variant
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +67,11 @@ def _call_onednn(rows: torch.Tensor, weight: torch.Tensor,
     return torch.ops.mkldnn._linear_pointwise(rows, weight, bias, "none", [], "")
 
 
+def _keep(packed: torch.Tensor) -> int:
+    _packed_weights.append(packed)
+    return len(_packed_weights) - 1
+
+
 @prepacked_linear.register_fake
 def _(
     x: torch.Tensor, handle: torch.Tensor, out_features: int, bias: torch.Tensor | None,
@@ -84,13 +92,19 @@ class PrepackedLinear(nn.Module):
         bias = linear.bias
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
         packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), BATCH_HINT)
-        self.register_buffer("handle", torch.tensor(len(_packed_weights)), persistent=False)
-        _packed_weights.append(packed)
+        # Our C++ operator where our kernels are built (no Python in the call), else this file's
+        self.native = active_variant() is not None
+        handle = (torch.ops.switchyard_cpu.keep_packed_weight(packed) if self.native
+                  else _keep(packed))
+        self.register_buffer("handle", torch.tensor(handle), persistent=False)
         self._bytes = weight.numel() * weight.element_size()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != self.dtype:
             raise TypeError(f"PrepackedLinear holds {self.dtype} weights, got {x.dtype} input")
+        if self.native:
+            return torch.ops.switchyard_cpu.prepacked_linear(x, self.handle, self.out_features,
+                                                             self.bias)
         return prepacked_linear(x, self.handle, self.out_features, self.bias)
 
     def extra_bytes(self) -> int:

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from backends.base import SamplingParams
+from backends.cpu_kernels.build import active_variant
 from backends.native import cpu_linear
 from backends.native.config import EngineConfig
 from backends.native.cpu_linear import PrepackedLinear, can_prepack, prepack_linears, row_bucket
@@ -29,6 +30,16 @@ needs_bf16 = pytest.mark.skipif(
     "stay plain F.linear, as test_engine_tokens_do_not_change checks")
 
 
+@pytest.fixture(params=["python", "c++"])
+def implementation(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """PrepackedLinears made in the test call this file's Python op or our C++ one."""
+    if request.param == "python":
+        monkeypatch.setattr(cpu_linear, "active_variant", lambda: None)
+    elif active_variant() is None:
+        pytest.skip("our C++ kernels are not built for this CPU")
+    return request.param
+
+
 def _linear(dtype: torch.dtype, bias: bool) -> nn.Linear:
     torch.manual_seed(0)
     return nn.Linear(96, 160, bias=bias).to(dtype)
@@ -37,15 +48,17 @@ def _linear(dtype: torch.dtype, bias: bool) -> nn.Linear:
 @needs_bf16
 @pytest.mark.parametrize("rows", [1, 5, 17, 64, 100, 333])
 @pytest.mark.parametrize("bias", [False, True])
-def test_bf16_is_bit_identical_to_f_linear(rows: int, bias: bool) -> None:
+def test_bf16_is_bit_identical_to_f_linear(rows: int, bias: bool, implementation: str) -> None:
     linear = _linear(torch.bfloat16, bias)
     x = torch.randn(rows, 96, dtype=torch.bfloat16)
     with torch.inference_mode():
-        assert torch.equal(PrepackedLinear(linear)(x), F.linear(x, linear.weight, linear.bias))
+        packed = PrepackedLinear(linear)
+        assert packed.native == (implementation == "c++")
+        assert torch.equal(packed(x), F.linear(x, linear.weight, linear.bias))
 
 
 @pytest.mark.parametrize("rows", [1, 7, 64, 333])
-def test_float32_matches_f_linear(rows: int) -> None:
+def test_float32_matches_f_linear(rows: int, implementation: str) -> None:
     linear = _linear(torch.float32, bias=True)
     x = torch.randn(rows, 96)
     with torch.inference_mode():
@@ -54,7 +67,7 @@ def test_float32_matches_f_linear(rows: int) -> None:
 
 
 @needs_bf16
-def test_three_dimensional_input_keeps_its_shape() -> None:
+def test_three_dimensional_input_keeps_its_shape(implementation: str) -> None:
     linear = _linear(torch.bfloat16, bias=True)
     x = torch.randn(3, 7, 96, dtype=torch.bfloat16)  # 21 rows: padded to 22 inside
     with torch.inference_mode():
@@ -73,6 +86,8 @@ def test_row_buckets_are_few_and_waste_little() -> None:
 
 
 def test_onednn_sees_only_bucketed_row_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Python op's calls (the C++ op's bucketing shows in the memory test below)."""
+    monkeypatch.setattr(cpu_linear, "active_variant", lambda: None)
     seen: set[int] = set()
     call = cpu_linear._call_onednn
 
@@ -108,11 +123,19 @@ print((rss() - start) / 1024)
 
 def test_many_row_counts_do_not_grow_memory_without_bound() -> None:
     """oneDNN keeps ~0.6 MiB or more per row count it has seen: 699 distinct counts took
-    ~400 MiB before bucketing; bucketed they are 59 counts."""
+    ~400 MiB before bucketing; bucketed they are 59 counts. The C++ op where it is built."""
     run = subprocess.run([sys.executable, "-c", _GROWTH_SCRIPT], capture_output=True,
                          text=True, check=True, cwd=Path(__file__).resolve().parents[2])
     grown_mib = float(run.stdout.strip().splitlines()[-1])
     assert grown_mib < 120, f"RSS grew {grown_mib:.0f} MiB over 699 row counts"
+
+
+def test_the_cpp_op_refuses_an_unknown_handle() -> None:
+    if active_variant() is None:
+        pytest.skip("our C++ kernels are not built for this CPU")
+    with pytest.raises(RuntimeError, match="no packed weight 123456"):
+        torch.ops.switchyard_cpu.prepacked_linear(torch.randn(2, 8), torch.tensor(123456), 4,
+                                                  None)
 
 
 def test_wrong_input_dtype_is_refused() -> None:
@@ -138,7 +161,7 @@ def test_prepack_swaps_dense_linears_and_keeps_shards() -> None:
 
 
 @needs_bf16
-def test_compiles_as_an_opaque_op() -> None:
+def test_compiles_as_an_opaque_op(implementation: str) -> None:
     linear = _linear(torch.bfloat16, bias=True)
     packed = PrepackedLinear(linear)
     compiled = torch.compile(lambda x: torch.relu(packed(x)), dynamic=True, fullgraph=True)

@@ -116,6 +116,7 @@ class LlamaAttention(nn.Module):
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
         self.head_dim = head_dim
         self.scale = head_dim**-0.5
+        self.cpu_kernel = False  # decode attention through our C++ kernel (set at load)
         qkv_bias = config.model_type == "qwen2" or bool(getattr(config, "attention_bias", False))
         kv_size = self.num_kv_heads * head_dim
         self.qkv_proj = FusedLinear(
@@ -129,7 +130,7 @@ class LlamaAttention(nn.Module):
         k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata | DecodeMetadata,
     ) -> torch.Tensor:
         q, k, v = self.project(x, cos, sin)
-        out = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale)
+        out = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale, self.cpu_kernel)
         return self.o_proj(out.reshape(x.shape[0], -1))
 
     def project(

@@ -1,0 +1,348 @@
+// Decode attention over the paged KV cache on x86 CPUs: one query token per sequence against
+// the K/V blocks its table lists, K and V read once (online softmax, block by block), float32
+// arithmetic whatever the cache dtype (float32 or bfloat16).
+//
+//   q            [B, H, D]                     the step's rotated queries
+//   k/v_cache    [num_blocks, KVH, bs, D]      head-major blocks (attention.KVCache)
+//   block_tables [B, nb] int64                 padded with any block (masked)
+//   mask         [B, nb * bs] float32          additive: 0 where attended, -inf elsewhere
+//   -> [B, H, D]
+//
+// Work is split over (sequence, kv head); the query heads of a group share each K/V tile.
+// Built by backends/cpu_kernels/build.py with AVX-512 (SWITCHYARD_VNNI) or AVX2 code.
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/BFloat16.h>
+#include <immintrin.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kMaxGroup = 16;      // query heads per kv head
+constexpr int64_t kMaxBlockSize = 64;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+#ifdef SWITCHYARD_VNNI
+using Vec = __m512;
+constexpr int64_t kWidth = 16;
+inline Vec load(const float* p) { return _mm512_loadu_ps(p); }
+inline Vec load(const c10::BFloat16* p) {
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+inline void store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
+inline Vec splat(float x) { return _mm512_set1_ps(x); }
+inline Vec fmadd(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+inline Vec mul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
+inline Vec add(Vec a, Vec b) { return _mm512_add_ps(a, b); }
+inline Vec sub(Vec a, Vec b) { return _mm512_sub_ps(a, b); }
+inline float sum(Vec v) { return _mm512_reduce_add_ps(v); }
+inline Vec zero() { return _mm512_setzero_ps(); }
+#else
+using Vec = __m256;
+constexpr int64_t kWidth = 8;
+inline Vec load(const float* p) { return _mm256_loadu_ps(p); }
+inline Vec load(const c10::BFloat16* p) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+}
+inline void store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
+inline Vec splat(float x) { return _mm256_set1_ps(x); }
+inline Vec fmadd(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+inline Vec mul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
+inline Vec add(Vec a, Vec b) { return _mm256_add_ps(a, b); }
+inline Vec sub(Vec a, Vec b) { return _mm256_sub_ps(a, b); }
+inline float sum(Vec v) {
+  const __m128 half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 pairs = _mm_add_ps(half, _mm_movehl_ps(half, half));
+  return _mm_cvtss_f32(_mm_add_ss(pairs, _mm_shuffle_ps(pairs, pairs, 1)));
+}
+inline Vec zero() { return _mm256_setzero_ps(); }
+#endif
+
+// exp(x) for x <= 0 (Cephes' polynomial, ~1 ulp); x below -87 gives 0, as -inf does.
+inline Vec exp_nonpositive(Vec x) {
+#ifdef SWITCHYARD_VNNI
+  const Vec clamped = _mm512_max_ps(x, splat(-87.0f));
+  const Vec n = _mm512_roundscale_ps(mul(clamped, splat(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  Vec r = _mm512_fnmadd_ps(n, splat(0.693359375f), clamped);
+  r = _mm512_fnmadd_ps(n, splat(-2.12194440e-4f), r);
+#else
+  const Vec clamped = _mm256_max_ps(x, splat(-87.0f));
+  const Vec n = _mm256_round_ps(mul(clamped, splat(1.44269504088896341f)),
+                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  Vec r = _mm256_fnmadd_ps(n, splat(0.693359375f), clamped);
+  r = _mm256_fnmadd_ps(n, splat(-2.12194440e-4f), r);
+#endif
+  Vec p = splat(1.9875691500e-4f);
+  p = fmadd(p, r, splat(1.3981999507e-3f));
+  p = fmadd(p, r, splat(8.3334519073e-3f));
+  p = fmadd(p, r, splat(4.1665795894e-2f));
+  p = fmadd(p, r, splat(1.6666665459e-1f));
+  p = fmadd(p, r, splat(5.0000001201e-1f));
+  p = fmadd(mul(p, r), r, r);
+#ifdef SWITCHYARD_VNNI
+  const Vec e = _mm512_scalef_ps(add(p, splat(1.0f)), n);
+  return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, splat(-87.0f), _CMP_GE_OQ), e);
+#else
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n),
+                                                          _mm256_set1_epi32(127)), 23);
+  const Vec e = mul(add(p, splat(1.0f)), _mm256_castsi256_ps(bits));
+  return _mm256_and_ps(e, _mm256_cmp_ps(x, splat(-87.0f), _CMP_GE_OQ));
+#endif
+}
+
+struct Shape {
+  int64_t heads, kv_heads, head_dim, block_size, blocks;  // blocks: table width
+  float scale;
+};
+
+// Running softmax state of one kv head's query group, updated one block at a time.
+struct GroupState {
+  float* query;    // [group, D], scaled
+  float* acc;      // [group, D]: sum of weight * value
+  float* weights;  // [group, bs]: this block's scores, then weights
+  float* max;      // [group]
+  float* total;    // [group]
+
+  static int64_t floats(int64_t group, int64_t d, int64_t bs) { return group * (2 * d + bs + 2); }
+
+  static GroupState at(float* base, int64_t group, int64_t d, int64_t bs) {
+    return {base, base + group * d, base + 2 * group * d, base + group * (2 * d + bs),
+            base + group * (2 * d + bs + 1)};
+  }
+};
+
+// q . k for each attended key of a block and each query head of the group (NV vectors a row).
+template <typename T, int NV>
+void score_block(const Shape& s, int64_t group, const T* keys, const float* mask,
+                 GroupState& st) {
+  const int64_t bs = s.block_size;
+  for (int64_t o = 0; o < bs; ++o) {
+    if (mask[o] == kNegInf) {
+      for (int64_t g = 0; g < group; ++g) st.weights[g * bs + o] = kNegInf;
+      continue;
+    }
+    Vec key[NV];
+    for (int c = 0; c < NV; ++c) key[c] = load(keys + o * NV * kWidth + c * kWidth);
+    for (int64_t g = 0; g < group; ++g) {
+      const float* query = st.query + g * NV * kWidth;
+      Vec even = mul(load(query), key[0]), odd = zero();
+      for (int c = 1; c < NV; ++c) {
+        if (c % 2) odd = fmadd(load(query + c * kWidth), key[c], odd);
+        else even = fmadd(load(query + c * kWidth), key[c], even);
+      }
+      st.weights[g * bs + o] = sum(add(even, odd)) + mask[o];
+    }
+  }
+}
+
+// Scores -> weights (exp against the new running max; masked keys get 0), rescaling what was
+// summed before.
+template <int NV>
+void softmax_update(const Shape& s, int64_t group, GroupState& st) {
+  const int64_t bs = s.block_size;
+  for (int64_t g = 0; g < group; ++g) {
+    float* w = st.weights + g * bs;
+    const float block_max = *std::max_element(w, w + bs);
+    const float new_max = std::max(st.max[g], block_max);
+    if (new_max == kNegInf) continue;  // nothing attended yet
+    const float correction = std::exp(st.max[g] - new_max);  // 0 when max was -inf
+    int64_t o = 0;
+    Vec block_sum = zero();
+    for (; o + kWidth <= bs; o += kWidth) {
+      const Vec e = exp_nonpositive(sub(load(w + o), splat(new_max)));
+      store(w + o, e);
+      block_sum = add(block_sum, e);
+    }
+    float tail = 0.0f;
+    for (; o < bs; ++o) tail += (w[o] = std::exp(w[o] - new_max));
+    st.total[g] = st.total[g] * correction + sum(block_sum) + tail;
+    st.max[g] = new_max;
+    if (correction != 1.0f) {
+      float* acc = st.acc + g * NV * kWidth;
+      for (int c = 0; c < NV; ++c) store(acc + c * kWidth, mul(load(acc + c * kWidth), splat(correction)));
+    }
+  }
+}
+
+// acc += weight * value over the block's keys: two independent sums of NV vectors each, so
+// consecutive multiply-adds do not wait on one another.
+template <typename T, int NV>
+void accumulate_values(const Shape& s, int64_t group, const T* values, GroupState& st) {
+  const int64_t bs = s.block_size;
+  constexpr int64_t d = NV * kWidth;
+  for (int64_t g = 0; g < group; ++g) {
+    const float* w = st.weights + g * bs;
+    float* acc = st.acc + g * d;
+    Vec even[NV], odd[NV];
+    for (int c = 0; c < NV; ++c) even[c] = load(acc + c * kWidth), odd[c] = zero();
+    int64_t o = 0;
+    for (; o + 1 < bs; o += 2) {
+      const Vec w0 = splat(w[o]), w1 = splat(w[o + 1]);
+      for (int c = 0; c < NV; ++c) {
+        even[c] = fmadd(w0, load(values + o * d + c * kWidth), even[c]);
+        odd[c] = fmadd(w1, load(values + (o + 1) * d + c * kWidth), odd[c]);
+      }
+    }
+    if (o < bs) {
+      for (int c = 0; c < NV; ++c) even[c] = fmadd(splat(w[o]), load(values + o * d + c * kWidth), even[c]);
+    }
+    for (int c = 0; c < NV; ++c) store(acc + c * kWidth, add(even[c], odd[c]));
+  }
+}
+
+template <typename T>
+void prefetch(const T* start, int64_t elements) {
+  const char* bytes = reinterpret_cast<const char*>(start);
+  for (int64_t i = 0; i < elements * static_cast<int64_t>(sizeof(T)); i += 64) {
+    _mm_prefetch(bytes + i, _MM_HINT_T0);
+  }
+}
+
+template <typename T, int NV>
+void start_group(const Shape& s, int64_t group, const T* q, GroupState& st) {
+  const int64_t d = NV * kWidth;
+  for (int64_t i = 0; i < group * d; ++i) st.query[i] = static_cast<float>(q[i]) * s.scale;
+  std::fill(st.acc, st.acc + group * d, 0.0f);
+  std::fill(st.max, st.max + group, kNegInf);
+  std::fill(st.total, st.total + group, 0.0f);
+}
+
+template <typename T, int NV>
+void finish_group(int64_t group, const GroupState& st, T* out) {
+  const int64_t d = NV * kWidth;
+  for (int64_t g = 0; g < group; ++g) {
+    const float inverse = st.total[g] > 0.0f ? 1.0f / st.total[g] : 0.0f;
+    for (int64_t i = 0; i < d; ++i) out[g * d + i] = static_cast<T>(st.acc[g * d + i] * inverse);
+  }
+}
+
+// One sequence, kv heads [first, last): block by block, the heads' tiles of a block in turn,
+// so K and V are read in address order within each block.
+template <typename T, int NV>
+void attend_sequence(const Shape& s, const T* q, const T* k_cache, const T* v_cache,
+                     const int64_t* table, const float* mask, int64_t first, int64_t last,
+                     T* out) {
+  const int64_t group = s.heads / s.kv_heads, d = NV * kWidth, bs = s.block_size;
+  const int64_t per_head = GroupState::floats(group, d, bs), tile = bs * d;
+  thread_local std::vector<float> buffer;
+  if (static_cast<int64_t>(buffer.size()) < (last - first) * per_head) {
+    buffer.resize((last - first) * per_head);
+  }
+  auto state = [&](int64_t h) { return GroupState::at(buffer.data() + (h - first) * per_head, group, d, bs); };
+  for (int64_t h = first; h < last; ++h) {
+    GroupState st = state(h);
+    start_group<T, NV>(s, group, q + h * group * d, st);
+  }
+  for (int64_t j = 0; j < s.blocks; ++j) {
+    const float* block_mask = mask + j * bs;
+    if (std::all_of(block_mask, block_mask + bs, [](float m) { return m == kNegInf; })) continue;
+    const int64_t block = table[j] * s.kv_heads * tile;
+    if (j + 1 < s.blocks) {  // the next block is elsewhere in memory: fetch it meanwhile
+      const int64_t next = table[j + 1] * s.kv_heads * tile + first * tile;
+      prefetch(k_cache + next, (last - first) * tile);
+      prefetch(v_cache + next, (last - first) * tile);
+    }
+    for (int64_t h = first; h < last; ++h) {
+      GroupState st = state(h);
+      score_block<T, NV>(s, group, k_cache + block + h * tile, block_mask, st);
+      softmax_update<NV>(s, group, st);
+      accumulate_values<T, NV>(s, group, v_cache + block + h * tile, st);
+    }
+  }
+  for (int64_t h = first; h < last; ++h) finish_group<T, NV>(group, state(h), out + h * group * d);
+}
+
+template <typename T, int NV>
+void run(const Shape& s, const at::Tensor& q, const at::Tensor& k_cache,
+         const at::Tensor& v_cache, const at::Tensor& tables, const at::Tensor& mask,
+         at::Tensor& out) {
+  const T* qp = q.data_ptr<T>();
+  const T* kp = k_cache.data_ptr<T>();
+  const T* vp = v_cache.data_ptr<T>();
+  const int64_t* tp = tables.data_ptr<int64_t>();
+  const float* mp = mask.data_ptr<float>();
+  T* op = out.data_ptr<T>();
+  const int64_t batch = q.size(0), row = s.heads * s.head_dim, width = s.blocks * s.block_size;
+  // Few sequences: split their kv heads too, so every thread has work.
+  const int64_t wanted = 4 * at::get_num_threads();
+  const int64_t splits = std::min(s.kv_heads, std::max<int64_t>(1, (wanted + batch - 1) / batch));
+  at::parallel_for(0, batch * splits, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t b = item / splits, part = item % splits;
+      const int64_t first = part * s.kv_heads / splits, last = (part + 1) * s.kv_heads / splits;
+      attend_sequence<T, NV>(s, qp + b * row, kp, vp, tp + b * s.blocks, mp + b * width, first,
+                             last, op + b * row);
+    }
+  });
+}
+
+// Head sizes compiled in (16, 32, 64, 80, 96, 128, 256): a row's vectors live in registers.
+template <typename T>
+void dispatch_head_dim(const Shape& s, const at::Tensor& q, const at::Tensor& k_cache,
+                       const at::Tensor& v_cache, const at::Tensor& tables,
+                       const at::Tensor& mask, at::Tensor& out) {
+  switch (s.head_dim) {
+    case 16: return run<T, 16 / kWidth>(s, q, k_cache, v_cache, tables, mask, out);
+    case 32: return run<T, 32 / kWidth>(s, q, k_cache, v_cache, tables, mask, out);
+    case 64: return run<T, 64 / kWidth>(s, q, k_cache, v_cache, tables, mask, out);
+    case 80: return run<T, 80 / kWidth>(s, q, k_cache, v_cache, tables, mask, out);
+    case 96: return run<T, 96 / kWidth>(s, q, k_cache, v_cache, tables, mask, out);
+    case 128: return run<T, 128 / kWidth>(s, q, k_cache, v_cache, tables, mask, out);
+    case 256: return run<T, 256 / kWidth>(s, q, k_cache, v_cache, tables, mask, out);
+    default: TORCH_CHECK(false, "paged_decode_attention: head size ", s.head_dim, " not built in");
+  }
+}
+
+at::Tensor paged_decode_attention(const at::Tensor& q_in, const at::Tensor& k_cache,
+                                  const at::Tensor& v_cache, const at::Tensor& tables_in,
+                                  const at::Tensor& mask_in, double scale) {
+  const at::Tensor q = q_in.contiguous();
+  const at::Tensor tables = tables_in.contiguous();
+  const at::Tensor mask = mask_in.contiguous();
+  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes(),
+              "paged_decode_attention: q [B, H, D], caches [blocks, KVH, bs, D]");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be contiguous");
+  TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() && q.scalar_type() == v_cache.scalar_type(),
+              "q and the caches must share a dtype");
+  TORCH_CHECK(tables.scalar_type() == at::kLong && mask.scalar_type() == at::kFloat,
+              "block tables int64, mask float32");
+  const Shape s{q.size(1), k_cache.size(1), q.size(2), k_cache.size(2), tables.size(1),
+                static_cast<float>(scale)};
+  TORCH_CHECK(s.heads % s.kv_heads == 0 && s.heads / s.kv_heads <= kMaxGroup &&
+                  s.head_dim == k_cache.size(3) && s.block_size <= kMaxBlockSize,
+              "paged_decode_attention: unsupported shape");
+  TORCH_CHECK(tables.size(0) == q.size(0) && mask.size(0) == q.size(0) &&
+                  mask.size(1) == s.blocks * s.block_size,
+              "block tables [B, nb] and mask [B, nb * bs]");
+  TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16,
+              "paged_decode_attention: float32 or bfloat16");
+  at::Tensor out = at::empty(q.sizes(), q.options());
+  if (q.scalar_type() == at::kFloat) {
+    dispatch_head_dim<float>(s, q, k_cache, v_cache, tables, mask, out);
+  } else {
+    dispatch_head_dim<c10::BFloat16>(s, q, k_cache, v_cache, tables, mask, out);
+  }
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(switchyard_cpu, m) {
+  m.def("paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
+        "Tensor mask, float scale) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(switchyard_cpu, CPU, m) {
+  m.impl("paged_decode_attention", &paged_decode_attention);
+}
