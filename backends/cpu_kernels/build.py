@@ -5,6 +5,7 @@ process:
     switchyard_cpu::q4_mm             int8_dot.cpp: 4-bit weights x int8 inputs
     switchyard_cpu::q4_dequantize_kn  int4_dequant.cpp: the same weights as a dense [K, N]
     switchyard_cpu::paged_decode_attention  paged_attention.cpp: decode rows over KV blocks
+    switchyard_cpu::paged_prefill_attention  prefill_attention.cpp: a prompt chunk, causal
     switchyard_cpu::prepacked_linear  prepacked_linear.cpp: cpu_linear.py's oneDNN call
 
 The library is cached under the cache directory (`SWITCHYARD_CACHE_DIR`, default
@@ -41,8 +42,10 @@ SOURCES: dict[Path, tuple[str, ...]] = {
     Path(__file__).with_name("int8_dot.cpp"): (),
     Path(__file__).with_name("int4_dequant.cpp"): (),
     Path(__file__).with_name("paged_attention.cpp"): (),
+    Path(__file__).with_name("prefill_attention.cpp"): (),
     Path(__file__).with_name("prepacked_linear.cpp"): (),
 }
+HEADERS = (Path(__file__).with_name("simd.h"),)
 SETTING = "SWITCHYARD_CPU_KERNELS"
 VARIANTS = {
     "avx512-vnni": ("-DSWITCHYARD_VNNI", "-mavx512f", "-mavx512bw", "-mavx512vl",
@@ -111,7 +114,7 @@ def _built_library(name: str) -> Path:
     folder = _kernel_dir()
     commands = [*_compile_commands(name, Path("obj")), _link_command(Path("obj"), Path("out"))]
     key = hashlib.sha256("\n".join([
-        *[source.read_text() for source in SOURCES], torch.__version__,
+        *[source.read_text() for source in (*SOURCES, *HEADERS)], torch.__version__,
         *[" ".join(command) for command in commands],
     ]).encode()).hexdigest()[:16]
     target = folder / f"switchyard_cpu-{name}-{key}.so"
@@ -162,6 +165,12 @@ def _register_fake() -> None:
     def _paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                 block_tables: torch.Tensor, mask: torch.Tensor,
                                 scale: float) -> torch.Tensor:
+        return q.new_empty(q.shape)
+
+    @torch.library.register_fake("switchyard_cpu::paged_prefill_attention")
+    def _paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                                 block_table: torch.Tensor, context: int, window: int,
+                                 scale: float) -> torch.Tensor:
         return q.new_empty(q.shape)
 
     @torch.library.register_fake("switchyard_cpu::prepacked_linear")

@@ -18,6 +18,8 @@
 #include <immintrin.h>
 #include <torch/library.h>
 
+#include "simd.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -26,80 +28,10 @@
 
 namespace {
 
+using namespace switchyard_simd;
+
 constexpr int64_t kMaxGroup = 16;      // query heads per kv head
 constexpr int64_t kMaxBlockSize = 64;
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-#ifdef SWITCHYARD_VNNI
-using Vec = __m512;
-constexpr int64_t kWidth = 16;
-inline Vec load(const float* p) { return _mm512_loadu_ps(p); }
-inline Vec load(const c10::BFloat16* p) {
-  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-}
-inline void store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
-inline Vec splat(float x) { return _mm512_set1_ps(x); }
-inline Vec fmadd(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
-inline Vec mul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
-inline Vec add(Vec a, Vec b) { return _mm512_add_ps(a, b); }
-inline Vec sub(Vec a, Vec b) { return _mm512_sub_ps(a, b); }
-inline float sum(Vec v) { return _mm512_reduce_add_ps(v); }
-inline Vec zero() { return _mm512_setzero_ps(); }
-#else
-using Vec = __m256;
-constexpr int64_t kWidth = 8;
-inline Vec load(const float* p) { return _mm256_loadu_ps(p); }
-inline Vec load(const c10::BFloat16* p) {
-  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
-}
-inline void store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
-inline Vec splat(float x) { return _mm256_set1_ps(x); }
-inline Vec fmadd(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
-inline Vec mul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
-inline Vec add(Vec a, Vec b) { return _mm256_add_ps(a, b); }
-inline Vec sub(Vec a, Vec b) { return _mm256_sub_ps(a, b); }
-inline float sum(Vec v) {
-  const __m128 half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 pairs = _mm_add_ps(half, _mm_movehl_ps(half, half));
-  return _mm_cvtss_f32(_mm_add_ss(pairs, _mm_shuffle_ps(pairs, pairs, 1)));
-}
-inline Vec zero() { return _mm256_setzero_ps(); }
-#endif
-
-// exp(x) for x <= 0 (Cephes' polynomial, ~1 ulp); x below -87 gives 0, as -inf does.
-inline Vec exp_nonpositive(Vec x) {
-#ifdef SWITCHYARD_VNNI
-  const Vec clamped = _mm512_max_ps(x, splat(-87.0f));
-  const Vec n = _mm512_roundscale_ps(mul(clamped, splat(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  Vec r = _mm512_fnmadd_ps(n, splat(0.693359375f), clamped);
-  r = _mm512_fnmadd_ps(n, splat(-2.12194440e-4f), r);
-#else
-  const Vec clamped = _mm256_max_ps(x, splat(-87.0f));
-  const Vec n = _mm256_round_ps(mul(clamped, splat(1.44269504088896341f)),
-                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  Vec r = _mm256_fnmadd_ps(n, splat(0.693359375f), clamped);
-  r = _mm256_fnmadd_ps(n, splat(-2.12194440e-4f), r);
-#endif
-  Vec p = splat(1.9875691500e-4f);
-  p = fmadd(p, r, splat(1.3981999507e-3f));
-  p = fmadd(p, r, splat(8.3334519073e-3f));
-  p = fmadd(p, r, splat(4.1665795894e-2f));
-  p = fmadd(p, r, splat(1.6666665459e-1f));
-  p = fmadd(p, r, splat(5.0000001201e-1f));
-  p = fmadd(mul(p, r), r, r);
-#ifdef SWITCHYARD_VNNI
-  const Vec e = _mm512_scalef_ps(add(p, splat(1.0f)), n);
-  return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, splat(-87.0f), _CMP_GE_OQ), e);
-#else
-  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n),
-                                                          _mm256_set1_epi32(127)), 23);
-  const Vec e = mul(add(p, splat(1.0f)), _mm256_castsi256_ps(bits));
-  return _mm256_and_ps(e, _mm256_cmp_ps(x, splat(-87.0f), _CMP_GE_OQ));
-#endif
-}
 
 struct Shape {
   int64_t heads, kv_heads, head_dim, block_size, blocks;  // blocks: table width
@@ -277,31 +209,12 @@ void run(const Shape& s, const at::Tensor& q, const at::Tensor& k_cache,
   // Few sequences: split their kv heads too, so every thread has work.
   const int64_t wanted = 4 * at::get_num_threads();
   const int64_t splits = std::min(s.kv_heads, std::max<int64_t>(1, (wanted + batch - 1) / batch));
-  at::parallel_for(0, batch * splits, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t b = item / splits, part = item % splits;
-      const int64_t first = part * s.kv_heads / splits, last = (part + 1) * s.kv_heads / splits;
-      attend_sequence<T, NV>(s, qp + b * row, kp, vp, tp + b * s.blocks, mp + b * width, first,
-                             last, op + b * row);
-    }
+  parallel_strided(batch * splits, [&](int64_t item) {
+    const int64_t b = item / splits, part = item % splits;
+    const int64_t first = part * s.kv_heads / splits, last = (part + 1) * s.kv_heads / splits;
+    attend_sequence<T, NV>(s, qp + b * row, kp, vp, tp + b * s.blocks, mp + b * width, first,
+                           last, op + b * row);
   });
-}
-
-// Head sizes compiled in (16, 32, 64, 80, 96, 128, 256): a row's vectors live in registers.
-template <typename T>
-void dispatch_head_dim(const Shape& s, const at::Tensor& q, const at::Tensor& k_cache,
-                       const at::Tensor& v_cache, const at::Tensor& tables,
-                       const at::Tensor& mask, at::Tensor& out) {
-  switch (s.head_dim) {
-    case 16: return run<T, 16 / kWidth>(s, q, k_cache, v_cache, tables, mask, out);
-    case 32: return run<T, 32 / kWidth>(s, q, k_cache, v_cache, tables, mask, out);
-    case 64: return run<T, 64 / kWidth>(s, q, k_cache, v_cache, tables, mask, out);
-    case 80: return run<T, 80 / kWidth>(s, q, k_cache, v_cache, tables, mask, out);
-    case 96: return run<T, 96 / kWidth>(s, q, k_cache, v_cache, tables, mask, out);
-    case 128: return run<T, 128 / kWidth>(s, q, k_cache, v_cache, tables, mask, out);
-    case 256: return run<T, 256 / kWidth>(s, q, k_cache, v_cache, tables, mask, out);
-    default: TORCH_CHECK(false, "paged_decode_attention: head size ", s.head_dim, " not built in");
-  }
 }
 
 at::Tensor paged_decode_attention(const at::Tensor& q_in, const at::Tensor& k_cache,
@@ -329,9 +242,13 @@ at::Tensor paged_decode_attention(const at::Tensor& q_in, const at::Tensor& k_ca
               "paged_decode_attention: float32 or bfloat16");
   at::Tensor out = at::empty(q.sizes(), q.options());
   if (q.scalar_type() == at::kFloat) {
-    dispatch_head_dim<float>(s, q, k_cache, v_cache, tables, mask, out);
+    with_head_vectors(s.head_dim, [&](auto nv) {
+      run<float, decltype(nv)::value>(s, q, k_cache, v_cache, tables, mask, out);
+    });
   } else {
-    dispatch_head_dim<c10::BFloat16>(s, q, k_cache, v_cache, tables, mask, out);
+    with_head_vectors(s.head_dim, [&](auto nv) {
+      run<c10::BFloat16, decltype(nv)::value>(s, q, k_cache, v_cache, tables, mask, out);
+    });
   }
   return out;
 }

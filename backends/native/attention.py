@@ -18,7 +18,10 @@ import torch.nn.functional as F
 
 from backends.cpu_kernels.build import active_variant
 
-KERNEL_HEAD_DIMS = (16, 32, 64, 80, 96, 128, 256)  # built into paged_attention.cpp
+KERNEL_HEAD_DIMS = (16, 32, 64, 80, 96, 128, 256)  # built into our attention kernels
+# Prompt chunks attending more positions go to torch's SDPA: ours ran 2x faster at 128-512,
+# even at 2048 (bench/attention_kernels.py)
+KERNEL_PREFILL_MAX_CONTEXT = 2048
 
 
 @dataclass
@@ -30,6 +33,9 @@ class PrefillChunk:
     context_len: int  # cached + new tokens this chunk attends to
     block_table: torch.Tensor | None  # None when the chunk is the whole context (no cache read)
     mask: torch.Tensor | None  # additive [length, context_len] mask; None: plain causal
+    # Set instead of the two above where our C++ kernel attends (it reads the cache, causal)
+    kernel_blocks: torch.Tensor | None = None  # the sequence's blocks covering the context
+    window: int = 0  # sliding window (0: none)
 
 
 @dataclass
@@ -92,7 +98,8 @@ def paged_attention(
 ) -> torch.Tensor:
     """q [T, H, D], k/v [T, KVH, D] (new tokens) -> [T, H, D]. Writes k/v into the cache.
     `cpu_kernel`: decode rows that would run compiled go through our C++ kernel instead
-    (`decode_kernel_fits` said it is built and covers these shapes)."""
+    (`attention_kernels_fit` said it is built and covers these shapes); prompt chunks do where
+    the model runner gave them `kernel_blocks`."""
     k_cache[meta.slot_blocks, :, meta.slot_offsets] = k
     v_cache[meta.slot_blocks, :, meta.slot_offsets] = v
     if isinstance(meta, DecodeMetadata):  # traced into the whole-step graph: no nested compile
@@ -106,9 +113,13 @@ def paged_attention(
             _decode_attention(q[: meta.num_decode], k_cache, v_cache, meta, scale, cpu_kernel))
     for chunk in meta.prefills:
         rows = slice(chunk.start, chunk.start + chunk.length)
-        parts.append(
-            _prefill_attention(q[rows], k[rows], v[rows], k_cache, v_cache, chunk, scale)
-        )
+        if chunk.kernel_blocks is not None:
+            parts.append(torch.ops.switchyard_cpu.paged_prefill_attention(
+                q[rows], k_cache, v_cache, chunk.kernel_blocks, chunk.context_len, chunk.window,
+                scale))
+        else:
+            parts.append(
+                _prefill_attention(q[rows], k[rows], v[rows], k_cache, v_cache, chunk, scale))
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
@@ -128,12 +139,12 @@ def _gather(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
     return blocks.transpose(1, 2).reshape(b, kvh, nb * bs, d)
 
 
-def decode_kernel_fits(
+def attention_kernels_fit(
     device: torch.device, dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int,
     block_size: int,
 ) -> bool:
-    """Whether `switchyard_cpu::paged_decode_attention` (cpu_kernels/paged_attention.cpp) is
-    built in this process and covers these shapes."""
+    """Whether our attention kernels (cpu_kernels/paged_attention.cpp for decode rows,
+    prefill_attention.cpp for prompt chunks) are built in this process and cover these shapes."""
     return (device.type == "cpu" and dtype in (torch.float32, torch.bfloat16)
             and head_dim in KERNEL_HEAD_DIMS and heads % kv_heads == 0
             and heads // kv_heads <= 16 and block_size <= 64 and active_variant() is not None)

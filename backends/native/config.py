@@ -33,9 +33,10 @@ class EngineConfig:
     compile_prefill_step: bool | None = None
     # CPU: dense linears through oneDNN with weights prepacked once at load (cpu_linear.py)
     prepack_weights: bool = True
-    # CPU: compiled decode attention through our C++ kernel (cpu_kernels/paged_attention.cpp)
-    # where it is built and fits the shapes; False: inductor's code for the torch reductions
-    decode_attention_kernel: bool = True
+    # CPU, with compile: decode and prompt attention through our C++ kernels (cpu_kernels/
+    # paged_attention.cpp, prefill_attention.cpp) where they are built and fit the shapes;
+    # False: inductor's code for the decode reductions, torch's SDPA for prompts
+    attention_kernels: bool = True
     max_concurrent_requests: int = 128  # admission: beyond it, 429 at once
     # Waiting beyond the running batch (admitted, not yet scheduled): beyond these, 429 with a
     # Retry-After from the measured drain rate. None: unbounded (max_concurrent_requests only).

@@ -7,7 +7,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from backends.native.attention import AttentionMetadata, KVCache, PrefillChunk, decode_mask
+from backends.native.attention import (
+    KERNEL_PREFILL_MAX_CONTEXT,
+    AttentionMetadata,
+    KVCache,
+    PrefillChunk,
+    decode_mask,
+)
 from backends.native.compiled_prefill import CompiledPrefillStep
 from backends.native.compiled_step import CompiledDecodeStep
 from backends.native.scheduler import ScheduledBatch
@@ -35,6 +41,8 @@ class ModelRunner:
         self.device = device
         self.sliding_window = sliding_window
         self.compiled = compiled
+        # Prompt attention through our C++ kernel (set at load where it fits): no masks needed.
+        self.kernel_prefill = any(getattr(m, "cpu_kernel", False) for m in model.modules())
         # Decode-only steps: the forward as compiled regions (mixed steps stay eager, with the
         # compiled decode attention kernel).
         self.decode_step = (
@@ -150,6 +158,10 @@ class ModelRunner:
     def _prefill_chunk(self, seq: Sequence, start: int, n: int) -> PrefillChunk:
         computed = seq.num_computed_tokens
         context = computed + n
+        window = self.sliding_window or 0
+        if self.kernel_prefill and context <= KERNEL_PREFILL_MAX_CONTEXT:
+            blocks = self._tensor(seq.block_table[: -(-context // self.block_size)])
+            return PrefillChunk(start, n, context, None, None, blocks, window)
         whole = computed == 0 and not (self.sliding_window and self.sliding_window < n)
         if whole:
             return PrefillChunk(start, n, context, None, None)

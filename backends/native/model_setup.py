@@ -12,7 +12,7 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from backends.native import weight_cache
-from backends.native.attention import KVCache, decode_kernel_fits
+from backends.native.attention import KVCache, attention_kernels_fit
 from backends.native.config import EngineConfig
 from backends.native.cpu_dtype import DtypeChoice, choose_dtype, machine_key
 from backends.native.cpu_linear import can_prepack, prepack_linears
@@ -86,8 +86,8 @@ def load_model(config: EngineConfig) -> LoadedModel:
     if config.prepack_weights and can_prepack(device, dtype):
         with stages.stage("prepack weights"):
             prepack_linears(model)
-    if config.decode_attention_kernel and config.compile:
-        use_decode_kernel(model, device, dtype, config.block_size)
+    if config.attention_kernels and config.compile:
+        use_attention_kernels(model, device, dtype, config.block_size)
     with stages.stage("tokenizer") as stage:
         tokenizer = Tokenizer.from_checkpoint(checkpoint, cache)
         stage["cached"] = tokenizer.from_cache
@@ -180,11 +180,11 @@ def resolve_limits(config: EngineConfig, hf_config: PretrainedConfig) -> tuple[i
     return max_input, max_total
 
 
-def use_decode_kernel(model: nn.Module, device: torch.device, dtype: torch.dtype,
+def use_attention_kernels(model: nn.Module, device: torch.device, dtype: torch.dtype,
                       block_size: int) -> None:
-    """Decode attention through our C++ kernel in every attention module it fits."""
+    """Attention through our C++ kernels in every attention module they fit."""
     for module in model.modules():
-        if hasattr(module, "cpu_kernel") and decode_kernel_fits(
+        if hasattr(module, "cpu_kernel") and attention_kernels_fit(
                 device, dtype, module.num_heads, module.num_kv_heads, module.head_dim,
                 block_size):
             module.cpu_kernel = True

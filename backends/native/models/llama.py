@@ -116,7 +116,7 @@ class LlamaAttention(nn.Module):
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
         self.head_dim = head_dim
         self.scale = head_dim**-0.5
-        self.cpu_kernel = False  # decode attention through our C++ kernel (set at load)
+        self.cpu_kernel = False  # attention through our C++ kernels (set at load)
         qkv_bias = config.model_type == "qwen2" or bool(getattr(config, "attention_bias", False))
         kv_size = self.num_kv_heads * head_dim
         self.qkv_proj = FusedLinear(

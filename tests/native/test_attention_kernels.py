@@ -1,7 +1,8 @@
-"""The C++ decode-attention kernel (backends/cpu_kernels/paged_attention.cpp): against a
-float64 softmax over exactly the positions each row attends, for every head size built in,
-query groups, block sizes, sliding windows and padded tables; its AVX2 code where torch
-dispatches to AVX2; where the engine uses it, and the same tokens with it as without."""
+"""Our C++ attention kernels: decode rows (backends/cpu_kernels/paged_attention.cpp) and
+prompt chunks (prefill_attention.cpp), against a float64 softmax over exactly the positions
+each row attends, for every head size built in, query groups, block sizes, sliding windows,
+cached prefixes and padded tables; their AVX2 code where torch dispatches to AVX2; where the
+engine uses them, and the same tokens with them as without (chunked, prefix-cached too)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch
 
 from backends.base import SamplingParams
 from backends.cpu_kernels.build import active_variant
-from backends.native.attention import KERNEL_HEAD_DIMS, decode_kernel_fits, decode_mask
+from backends.native.attention import KERNEL_HEAD_DIMS, attention_kernels_fit, decode_mask
 from tests.native.test_parity import make_engine
 from tests.quantized.helpers import has_avx2, run_in_child
 
@@ -78,16 +79,66 @@ def check_against_float64() -> str:
     return str(variant)
 
 
-def test_matches_float64() -> None:
+def _prefill_reference(q, k_cache, v_cache, table, context, window, scale) -> torch.Tensor:
+    rows, heads, head_dim = q.shape
+    kv_heads = k_cache.shape[1]
+    keys = k_cache[table].double().transpose(0, 1).reshape(kv_heads, -1, head_dim)[:, :context]
+    values = v_cache[table].double().transpose(0, 1).reshape(kv_heads, -1, head_dim)[:, :context]
+    group = heads // kv_heads
+    keys, values = keys.repeat_interleave(group, 0), values.repeat_interleave(group, 0)
+    q_pos = torch.arange(context - rows, context).unsqueeze(1)
+    k_pos = torch.arange(context).unsqueeze(0)
+    allowed = (k_pos <= q_pos) & ((k_pos > q_pos - window) if window else True)
+    scores = torch.einsum("nhd,hkd->hnk", q.double(), keys) * scale
+    weights = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
+    return torch.einsum("hnk,hkd->nhd", weights, values)
+
+
+def check_prefill_against_float64() -> None:
+    active_variant()  # loads the kernels (in a child process, this runs first)
+    cases = [  # rows, context, heads, kv heads, block size, window
+        (128, 128, 4, 4, 16, 0),  # a whole prompt: four tiles of rows
+        (19, 19, 9, 3, 16, 0),  # GQA, a prompt shorter than a tile
+        (5, 40, 4, 2, 4, 0),  # a chunk after 35 cached positions, blocks of 4
+        (37, 100, 8, 2, 16, 12),  # a sliding window inside a cached context
+        (70, 70, 4, 4, 32, 30),  # a window on a whole prompt
+        (1, 1, 4, 2, 16, 0),  # one token
+    ]
+    for head_dim in KERNEL_HEAD_DIMS:
+        for seed, (rows, context, heads, kv_heads, block_size, window) in enumerate(cases):
+            gen = torch.Generator().manual_seed(seed)
+            width = -(-context // block_size)
+            shape = (width + 5, kv_heads, block_size, head_dim)
+            table = torch.randperm(width + 5, generator=gen)[:width]
+            for dtype, tolerance in ((torch.float32, 2e-6), (torch.bfloat16, 2**-8)):
+                k_cache = torch.randn(shape, generator=gen).to(dtype)
+                v_cache = torch.randn(shape, generator=gen).to(dtype)
+                q = torch.randn(rows, heads, head_dim, generator=gen).to(dtype)
+                scale = 1 / math.sqrt(head_dim)
+                got = torch.ops.switchyard_cpu.paged_prefill_attention(
+                    q, k_cache, v_cache, table, context, window, scale)
+                want = _prefill_reference(q, k_cache, v_cache, table, context, window, scale)
+                assert got.dtype == dtype and got.shape == q.shape
+                diff = (got.double() - want).abs() - tolerance * want.abs()
+                assert diff.max().item() <= 2e-6, (head_dim, seed, dtype, diff.max().item())
+
+
+def test_decode_matches_float64() -> None:
     if active_variant() is None:
         pytest.skip("no C++ kernels for this CPU")
     check_against_float64()
 
 
+def test_prefill_matches_float64() -> None:
+    if active_variant() is None:
+        pytest.skip("no C++ kernels for this CPU")
+    check_prefill_against_float64()
+
+
 def test_avx2_code_where_torch_dispatches_to_avx2() -> None:
     if not has_avx2():
         pytest.skip("this CPU has no AVX2")
-    out = run_in_child("tests.native.test_decode_kernel", "avx2")
+    out = run_in_child("tests.native.test_attention_kernels", "avx2")
     assert out.split() == ["avx2"]
 
 
@@ -106,6 +157,12 @@ def test_a_malformed_call_raises_a_clear_error() -> None:
         attend(q.bfloat16(), k_cache, v_cache, tables, mask, 0.1)
     with pytest.raises(RuntimeError, match=r"mask \[B, nb \* bs\]"):
         attend(q, k_cache, v_cache, tables, mask[:, :16], 0.1)
+    prefill = torch.ops.switchyard_cpu.paged_prefill_attention
+    with pytest.raises(RuntimeError, match="must cover the context"):
+        prefill(q, k_cache, v_cache, tables[0], 40, 0, 0.1)  # 2 blocks of 16 < 40
+    with pytest.raises(RuntimeError, match="head size 48 not built in"):
+        prefill(torch.randn(2, 4, 48), k_cache[..., :48].contiguous(),
+                v_cache[..., :48].contiguous(), tables[0], 9, 0, 0.1)
 
 
 @pytest.mark.parametrize(("device", "dtype", "head_dim", "kv_heads", "fits"), [
@@ -120,22 +177,26 @@ def test_where_the_kernel_fits(device, dtype, head_dim, kv_heads, fits) -> None:
     if active_variant() is None:
         pytest.skip("no C++ kernels for this CPU")
     heads = 24 if kv_heads == 1 else 3 * kv_heads
-    assert decode_kernel_fits(device, dtype, heads, kv_heads, head_dim, 16) == fits
+    assert attention_kernels_fit(device, dtype, heads, kv_heads, head_dim, 16) == fits
 
 
 def test_the_engine_decodes_through_it_with_the_same_tokens(
     tiny_model: Callable[[str], Path],
 ) -> None:
-    """float32, a sliding-window model (masks that start past 0) and GQA: the kernel's greedy
-    tokens equal those of inductor's code for the same attention, and of eager SDPA."""
+    """float32, a sliding-window model (masks that start past 0) and GQA, prompts in chunks of
+    8 and a prompt repeated (cached prefix): the kernels' greedy tokens equal those of
+    inductor's code and torch's SDPA for the same attention, and of the eager engine."""
     if active_variant() is None:
         pytest.skip("no C++ kernels for this CPU")
-    prompts = [[1, 5, 9, 12, 7, 3, 22, 40, 41, 42, 43, 44, 45][: 3 + i] for i in range(6)]
+    prompts = [[1, 5, 9, 12, 7, 3, 22, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50][: 3 + 3 * i]
+               for i in range(6)]
+    prompts.append(prompts[-1])
     for arch in ("llama_gqa", "mistral_window"):
         path = tiny_model(arch)
-        options = {"block_size": 4, "max_batch_total_tokens": 1024}
+        options = {"block_size": 4, "max_batch_total_tokens": 1024,
+                   "max_batch_prefill_tokens": 8}
         runs = []
-        for settings in ({}, {"decode_attention_kernel": False}, {"compile": False}):
+        for settings in ({}, {"attention_kernels": False}, {"compile": False}):
             engine = make_engine(path, **options, **settings)
             uses = [layer.self_attn.cpu_kernel for layer in engine.runner.model.model.layers]
             assert all(uses) == (settings == {}) and any(uses) == all(uses)
@@ -146,4 +207,5 @@ def test_the_engine_decodes_through_it_with_the_same_tokens(
 
 
 if __name__ == "__main__":
+    check_prefill_against_float64()
     print(check_against_float64())

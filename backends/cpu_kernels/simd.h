@@ -1,0 +1,126 @@
+// SIMD helpers shared by our attention kernels: float32 vectors of the build's width (AVX-512
+// with SWITCHYARD_VNNI, else AVX2), bfloat16 loads widened to float32, and exp for x <= 0.
+#pragma once
+
+#include <c10/util/BFloat16.h>
+#include <immintrin.h>
+
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+namespace switchyard_simd {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+#ifdef SWITCHYARD_VNNI
+using Vec = __m512;
+constexpr int64_t kWidth = 16;
+inline Vec load(const float* p) { return _mm512_loadu_ps(p); }
+inline Vec load(const c10::BFloat16* p) {
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+inline void store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
+inline Vec splat(float x) { return _mm512_set1_ps(x); }
+inline Vec fmadd(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+inline Vec mul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
+inline Vec add(Vec a, Vec b) { return _mm512_add_ps(a, b); }
+inline Vec sub(Vec a, Vec b) { return _mm512_sub_ps(a, b); }
+inline float sum(Vec v) { return _mm512_reduce_add_ps(v); }
+inline float max_all(Vec v) { return _mm512_reduce_max_ps(v); }
+inline Vec zero() { return _mm512_setzero_ps(); }
+#else
+using Vec = __m256;
+constexpr int64_t kWidth = 8;
+inline Vec load(const float* p) { return _mm256_loadu_ps(p); }
+inline Vec load(const c10::BFloat16* p) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+}
+inline void store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
+inline Vec splat(float x) { return _mm256_set1_ps(x); }
+inline Vec fmadd(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+inline Vec mul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
+inline Vec add(Vec a, Vec b) { return _mm256_add_ps(a, b); }
+inline Vec sub(Vec a, Vec b) { return _mm256_sub_ps(a, b); }
+inline float sum(Vec v) {
+  const __m128 half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 pairs = _mm_add_ps(half, _mm_movehl_ps(half, half));
+  return _mm_cvtss_f32(_mm_add_ss(pairs, _mm_shuffle_ps(pairs, pairs, 1)));
+}
+inline float max_all(Vec v) {
+  const __m128 half = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 pairs = _mm_max_ps(half, _mm_movehl_ps(half, half));
+  return _mm_cvtss_f32(_mm_max_ss(pairs, _mm_shuffle_ps(pairs, pairs, 1)));
+}
+inline Vec zero() { return _mm256_setzero_ps(); }
+#endif
+
+// exp(x) for x <= 0 (Cephes' polynomial, ~1 ulp); x below -87 gives 0, as -inf does.
+inline Vec exp_nonpositive(Vec x) {
+#ifdef SWITCHYARD_VNNI
+  const Vec clamped = _mm512_max_ps(x, splat(-87.0f));
+  const Vec n = _mm512_roundscale_ps(mul(clamped, splat(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  Vec r = _mm512_fnmadd_ps(n, splat(0.693359375f), clamped);
+  r = _mm512_fnmadd_ps(n, splat(-2.12194440e-4f), r);
+#else
+  const Vec clamped = _mm256_max_ps(x, splat(-87.0f));
+  const Vec n = _mm256_round_ps(mul(clamped, splat(1.44269504088896341f)),
+                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  Vec r = _mm256_fnmadd_ps(n, splat(0.693359375f), clamped);
+  r = _mm256_fnmadd_ps(n, splat(-2.12194440e-4f), r);
+#endif
+  Vec p = splat(1.9875691500e-4f);
+  p = fmadd(p, r, splat(1.3981999507e-3f));
+  p = fmadd(p, r, splat(8.3334519073e-3f));
+  p = fmadd(p, r, splat(4.1665795894e-2f));
+  p = fmadd(p, r, splat(1.6666665459e-1f));
+  p = fmadd(p, r, splat(5.0000001201e-1f));
+  p = fmadd(mul(p, r), r, r);
+#ifdef SWITCHYARD_VNNI
+  const Vec e = _mm512_scalef_ps(add(p, splat(1.0f)), n);
+  return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, splat(-87.0f), _CMP_GE_OQ), e);
+#else
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n),
+                                                          _mm256_set1_epi32(127)), 23);
+  const Vec e = mul(add(p, splat(1.0f)), _mm256_castsi256_ps(bits));
+  return _mm256_and_ps(e, _mm256_cmp_ps(x, splat(-87.0f), _CMP_GE_OQ));
+#endif
+}
+
+// f(item) for item in [0, count), thread t taking items t, t + threads, ...: work that grows
+// with the item (causal tiles, longer rows) is dealt out evenly, where at::parallel_for's
+// contiguous ranges would give one thread the costly end.
+template <typename F>
+void parallel_strided(int64_t count, F&& f) {
+  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), count));
+  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t lane = begin; lane < end; ++lane) {
+      for (int64_t item = lane; item < count; item += threads) f(item);
+    }
+  });
+}
+
+// Calls f(std::integral_constant<int, head_dim / kWidth>) for the head sizes compiled in (16,
+// 32, 64, 80, 96, 128, 256: attention.KERNEL_HEAD_DIMS), so a row's vectors live in registers.
+template <typename F>
+void with_head_vectors(int64_t head_dim, F&& f) {
+  switch (head_dim) {
+    case 16: return f(std::integral_constant<int, 16 / kWidth>{});
+    case 32: return f(std::integral_constant<int, 32 / kWidth>{});
+    case 64: return f(std::integral_constant<int, 64 / kWidth>{});
+    case 80: return f(std::integral_constant<int, 80 / kWidth>{});
+    case 96: return f(std::integral_constant<int, 96 / kWidth>{});
+    case 128: return f(std::integral_constant<int, 128 / kWidth>{});
+    case 256: return f(std::integral_constant<int, 256 / kWidth>{});
+    default: TORCH_CHECK(false, "attention kernels: head size ", head_dim, " not built in");
+  }
+}
+
+}  // namespace switchyard_simd
