@@ -114,8 +114,9 @@ def main() -> None:
 
     from backends.cpu_kernels.build import active_variant
 
-    dtype = resolve_bench_dtype("auto")
-    print(facts_line(machine_facts(dtype, args.threads)), "|", placement)
+    dtype_name = resolve_bench_dtype("auto")
+    dtype = getattr(torch, dtype_name)
+    print(facts_line(machine_facts(dtype_name, args.threads)), "|", placement)
     variant = active_variant()
     if variant is None:
         sys.exit("our C++ kernels are not built for this CPU (or SWITCHYARD_CPU_KERNELS=off)")
