@@ -66,6 +66,9 @@ _FLAGS: tuple[tuple[tuple[str, ...], str, type, str], ...] = (
      "quantized ones, where it gains least for the most start-up time)"),
     (("--prepack-weights",), "prepack_weights", str,
      "CPU: dense weights prepacked for oneDNN at load: true (default) | false"),
+    (("--attention-kernels",), "attention_kernels", str,
+     "CPU, with --compile: decode and prompt attention through our C++ kernels where they "
+     "are built: true (default) | false (inductor's code and torch's SDPA)"),
     (("--cache-dir",), "cache_dir", str,
      "startup cache (GGUF metadata, tokenizer, packed weights, compiled kernels); "
      "default ~/.cache/switchyard, 'none' turns it off"),

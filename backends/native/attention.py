@@ -94,14 +94,15 @@ class KVCache:
 def paged_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
     v_cache: torch.Tensor, meta: AttentionMetadata | DecodeMetadata, scale: float,
-    cpu_kernel: bool = False,
+    cpu_kernel: bool = False, cache_written: bool = False,
 ) -> torch.Tensor:
     """q [T, H, D], k/v [T, KVH, D] (new tokens) -> [T, H, D]. Writes k/v into the cache.
     `cpu_kernel`: decode rows that would run compiled go through our C++ kernel instead
     (`attention_kernels_fit` said it is built and covers these shapes); prompt chunks do where
-    the model runner gave them `kernel_blocks`."""
-    k_cache[meta.slot_blocks, :, meta.slot_offsets] = k
-    v_cache[meta.slot_blocks, :, meta.slot_offsets] = v
+    the model runner gave them `kernel_blocks`. `cache_written`: the caller wrote k/v."""
+    if not cache_written:
+        k_cache[meta.slot_blocks, :, meta.slot_offsets] = k
+        v_cache[meta.slot_blocks, :, meta.slot_offsets] = v
     if isinstance(meta, DecodeMetadata):  # traced into the whole-step graph: no nested compile
         if cpu_kernel:
             return torch.ops.switchyard_cpu.paged_decode_attention(

@@ -1,15 +1,15 @@
 """Prefill and mixed steps with each decoder layer's own work compiled around its attention.
 
-A step that prefills runs its attention eagerly (one SDPA call per prompt chunk, the decode
-rows through the compiled decode kernel: `attention.paged_attention`), and everything else of
-a layer as two compiled regions: before the attention (input norm, fused QKV projection,
-rotary) and after it (output projection, residual, post-attention norm, MLP, residual). In
-eager mode that work was ~15% of a W1 prefill step in small elementwise operators (each a
-pass over [rows, hidden] in memory); compiled, inductor fuses them. The two regions are graphs
-that every layer runs (weights are graph inputs) with the row count dynamic, so one pair of
-graphs serves every step; an int4 linear's row threshold (`Int4Linear`: kernel below it,
-dequantize + matmul from it) makes it two pairs. Decode-only steps keep to their own path
-(`compiled_step.py`, or eager).
+A step that prefills runs its attention eagerly (a kernel call per prompt chunk, the decode
+rows through the decode kernel: `attention.paged_attention`), and everything else of a layer
+as two compiled regions: before the attention (input norm, fused QKV projection, rotary, the
+K/V cache write) and after it (output projection, residual, post-attention norm, MLP,
+residual). In eager mode that work was ~15% of a W1 prefill step in small elementwise
+operators (each a pass over [rows, hidden] in memory); compiled, inductor fuses them. The two
+regions are graphs that every layer runs (weights are graph inputs) with the row count
+dynamic, so one pair of graphs serves every step; an int4 linear's row threshold
+(`Int4Linear`: kernel below it, dequantize + matmul from it) makes it two pairs. Decode-only
+steps keep to their own path (`compiled_step.py`, or eager).
 
 A region that cannot compile marks the step `broken` and the engine prefills eagerly from then
 on; the layers before it have written this step's K/V, which the eager step writes again.
@@ -31,8 +31,15 @@ log = logging.getLogger(__name__)
 
 def _before_attention(
     layer: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+    k_cache: torch.Tensor, v_cache: torch.Tensor, slot_blocks: torch.Tensor,
+    slot_offsets: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return layer.before_attention(x, cos, sin)
+    """q, k, v, with k and v written to the cache here: fused into the rotary pass (an eager
+    index_put of 2048 rows took ~1 ms a layer, 2% of a W1 prefill step)."""
+    q, k, v = layer.before_attention(x, cos, sin)
+    k_cache[slot_blocks, :, slot_offsets] = k
+    v_cache[slot_blocks, :, slot_offsets] = v
+    return q, k, v
 
 
 def _after_attention(layer: nn.Module, x: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
@@ -85,13 +92,15 @@ class CompiledPrefillStep:
     ) -> torch.Tensor:
         """A step with a prompt chunk has two rows or more: the row count can be dynamic."""
         x, cos, sin = self.model.embed(input_ids, positions)
-        _rows_dynamic(cos, sin)
+        _rows_dynamic(cos, sin, meta.slot_blocks, meta.slot_offsets)
         k_caches, v_caches = self.kv_cache.k, self.kv_cache.v
         for i, layer in enumerate(self.model.model.layers):
             _rows_dynamic(x)
-            q, k, v = self._before(layer, x, cos, sin)
+            q, k, v = self._before(layer, x, cos, sin, k_caches[i], v_caches[i],
+                                   meta.slot_blocks, meta.slot_offsets)
             attention = paged_attention(q, k, v, k_caches[i], v_caches[i], meta,
-                                        layer.self_attn.scale, layer.self_attn.cpu_kernel)
+                                        layer.self_attn.scale, layer.self_attn.cpu_kernel,
+                                        cache_written=True)
             _rows_dynamic(attention)
             x = self._after(layer, x, attention)
         return x
