@@ -10,7 +10,8 @@ process:
 
 The library is cached under the cache directory (`SWITCHYARD_CACHE_DIR`, default
 `~/.cache/switchyard`) in `kernels/`, named by everything that goes into it; a build takes
-~10 s on 2 cores (sources compile in parallel), a cached load milliseconds.
+~23 s on 2 cores (sources compile in parallel; the attention kernels are instantiated per head
+size and dtype), a cached load milliseconds.
 
 Which code: AVX-512 (with VNNI) where the CPU has it and torch dispatches to AVX-512, AVX2 (+
 FMA, F16C) where torch dispatches to AVX2 or better, else none (the engine keeps torch's
@@ -177,4 +178,3 @@ def _register_fake() -> None:
     def _prepacked_linear(x: torch.Tensor, handle: torch.Tensor, out_features: int,
                           bias: torch.Tensor | None) -> torch.Tensor:
         return x.new_empty((*x.shape[:-1], out_features))
-

@@ -180,8 +180,9 @@ def resolve_limits(config: EngineConfig, hf_config: PretrainedConfig) -> tuple[i
     return max_input, max_total
 
 
-def use_attention_kernels(model: nn.Module, device: torch.device, dtype: torch.dtype,
-                      block_size: int) -> None:
+def use_attention_kernels(
+    model: nn.Module, device: torch.device, dtype: torch.dtype, block_size: int,
+) -> None:
     """Attention through our C++ kernels in every attention module they fit."""
     for module in model.modules():
         if hasattr(module, "cpu_kernel") and attention_kernels_fit(
