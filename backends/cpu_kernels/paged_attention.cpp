@@ -223,11 +223,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q_in, const at::Tensor& k_ca
   const at::Tensor q = q_in.contiguous();
   const at::Tensor tables = tables_in.contiguous();
   const at::Tensor mask = mask_in.contiguous();
-  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes(),
-              "paged_decode_attention: q [B, H, D], caches [blocks, KVH, bs, D]");
-  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be contiguous");
-  TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() && q.scalar_type() == v_cache.scalar_type(),
-              "q and the caches must share a dtype");
+  check_query_and_caches("paged_decode_attention", q, k_cache, v_cache);
   TORCH_CHECK(tables.scalar_type() == at::kLong && mask.scalar_type() == at::kFloat,
               "block tables int64, mask float32");
   const Shape s{q.size(1), k_cache.size(1), q.size(2), k_cache.size(2), tables.size(1),
@@ -238,18 +234,11 @@ at::Tensor paged_decode_attention(const at::Tensor& q_in, const at::Tensor& k_ca
   TORCH_CHECK(tables.size(0) == q.size(0) && mask.size(0) == q.size(0) &&
                   mask.size(1) == s.blocks * s.block_size,
               "block tables [B, nb] and mask [B, nb * bs]");
-  TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16,
-              "paged_decode_attention: float32 or bfloat16");
   at::Tensor out = at::empty(q.sizes(), q.options());
-  if (q.scalar_type() == at::kFloat) {
-    with_head_vectors(s.head_dim, [&](auto nv) {
-      run<float, decltype(nv)::value>(s, q, k_cache, v_cache, tables, mask, out);
-    });
-  } else {
-    with_head_vectors(s.head_dim, [&](auto nv) {
-      run<c10::BFloat16, decltype(nv)::value>(s, q, k_cache, v_cache, tables, mask, out);
-    });
-  }
+  with_dtype_and_head_vectors(q, [&](auto dtype, auto nv) {
+    run<typename decltype(dtype)::type, decltype(nv)::value>(s, q, k_cache, v_cache, tables, mask,
+                                                              out);
+  });
   return out;
 }
 

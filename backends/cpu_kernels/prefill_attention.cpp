@@ -204,13 +204,7 @@ at::Tensor paged_prefill_attention(const at::Tensor& q_in, const at::Tensor& k_c
                                    int64_t context, int64_t window, double scale) {
   const at::Tensor q = q_in.contiguous();
   const at::Tensor table = table_in.contiguous();
-  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes(),
-              "paged_prefill_attention: q [n, H, D], caches [blocks, KVH, bs, D]");
-  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be contiguous");
-  TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() && q.scalar_type() == v_cache.scalar_type(),
-              "q and the caches must share a dtype");
-  TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16,
-              "paged_prefill_attention: float32 or bfloat16");
+  check_query_and_caches("paged_prefill_attention", q, k_cache, v_cache);
   const Chunk c{q.size(0), q.size(1), k_cache.size(1), k_cache.size(2), context, window};
   TORCH_CHECK(c.heads % c.kv_heads == 0 && q.size(2) == k_cache.size(3),
               "paged_prefill_attention: heads or head size differ from the cache's");
@@ -219,12 +213,9 @@ at::Tensor paged_prefill_attention(const at::Tensor& q_in, const at::Tensor& k_c
               "paged_prefill_attention: the block table must cover the context, which holds "
               "the chunk");
   at::Tensor out = at::empty(q.sizes(), q.options());
-  with_head_vectors(q.size(2), [&](auto nv) {
-    if (q.scalar_type() == at::kFloat) {
-      run_chunk<float, decltype(nv)::value>(c, q, k_cache, v_cache, table, scale, out);
-    } else {
-      run_chunk<c10::BFloat16, decltype(nv)::value>(c, q, k_cache, v_cache, table, scale, out);
-    }
+  with_dtype_and_head_vectors(q, [&](auto dtype, auto nv) {
+    run_chunk<typename decltype(dtype)::type, decltype(nv)::value>(c, q, k_cache, v_cache, table,
+                                                                    scale, out);
   });
   return out;
 }

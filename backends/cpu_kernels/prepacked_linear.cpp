@@ -32,7 +32,9 @@ int64_t keep_packed_weight(const at::Tensor& packed) {
 }
 
 at::Tensor packed_weight(const at::Tensor& handle) {
-  const int64_t index = handle.item<int64_t>();
+  TORCH_CHECK(handle.scalar_type() == at::kLong && handle.numel() == 1,
+              "prepacked_linear: the handle is one int64");
+  const int64_t index = *handle.const_data_ptr<int64_t>();  // item() would dispatch
   std::lock_guard<std::mutex> lock(weights_mutex);
   TORCH_CHECK(index >= 0 && index < static_cast<int64_t>(weights.size()),
               "prepacked_linear: no packed weight ", index);

@@ -1,11 +1,13 @@
-// SIMD helpers shared by our attention kernels: float32 vectors of the build's width (AVX-512
-// with SWITCHYARD_VNNI, else AVX2), bfloat16 loads widened to float32, and exp for x <= 0.
+// What our attention kernels share: float32 vectors of the build's width (AVX-512 with
+// SWITCHYARD_VNNI, else AVX2), bfloat16 loads widened to float32, exp for x <= 0, strided work
+// dealing, the checks on q and the caches, and the dispatch over dtype and head size.
 #pragma once
 
 #include <c10/util/BFloat16.h>
 #include <immintrin.h>
 
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -121,6 +123,36 @@ void with_head_vectors(int64_t head_dim, F&& f) {
     case 256: return f(std::integral_constant<int, 256 / kWidth>{});
     default: TORCH_CHECK(false, "attention kernels: head size ", head_dim, " not built in");
   }
+}
+
+template <typename T>
+struct Dtype {
+  using type = T;
+};
+
+// Calls f(Dtype<float or c10::BFloat16>, head vectors) for q's dtype and head size.
+template <typename F>
+void with_dtype_and_head_vectors(const at::Tensor& q, F&& f) {
+  with_head_vectors(q.size(2), [&](auto nv) {
+    if (q.scalar_type() == at::kFloat) {
+      f(Dtype<float>{}, nv);
+    } else {
+      f(Dtype<c10::BFloat16>{}, nv);
+    }
+  });
+}
+
+// q [rows, H, D] and head-major caches [blocks, KVH, bs, D] of one dtype, float32 or bfloat16.
+inline void check_query_and_caches(const char* op, const at::Tensor& q, const at::Tensor& k_cache,
+                                   const at::Tensor& v_cache) {
+  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes(), op,
+              ": q [rows, H, D], caches [blocks, KVH, bs, D]");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), op,
+              ": caches must be contiguous");
+  TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() && q.scalar_type() == v_cache.scalar_type(),
+              op, ": q and the caches must share a dtype");
+  TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16, op,
+              ": float32 or bfloat16");
 }
 
 }  // namespace switchyard_simd
