@@ -39,9 +39,11 @@ from bench.common import (  # noqa: E402
 
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::linear", "aten::_weight_int4pack_mm",
               "aten::_weight_int8pack_mm", "mkldnn::_linear_pointwise", "aten::bmm",
-              "aten::_weight_int4pack_mm_for_cpu", "mkl_linear", "aten::matmul")
+              "aten::_weight_int4pack_mm_for_cpu", "mkl_linear", "aten::matmul",
+              "switchyard_cpu::q4_mm", "switchyard_cpu::prepacked_linear")
 COMPILED_MARKS = ("CompiledFxGraph", "CompiledFunction", "Torch-Compiled Region",
-                  "TorchDynamo", "Pregraph", "scaled_dot_product", "graph_")
+                  "TorchDynamo", "Pregraph", "scaled_dot_product", "graph_",
+                  "switchyard_cpu::paged_")
 
 
 def parse_args() -> argparse.Namespace:
