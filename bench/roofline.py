@@ -6,11 +6,13 @@ makes a probe slower):
 - the multiply-add peaks: float32 FMA and, where the CPU has AVX-512-BF16, `vdpbf16ps` (two
   bf16 products a float32 lane), with 1 thread and with `--threads`;
 - a read stream over 1 GiB with `--threads` (what weights and the KV cache can be read at);
-- W1's prepacked linears (the engine's `PrepackedLinear`) at decode and prefill row counts, as
-  GFLOP/s and as a share of the peak in the engine's dtype;
+- W1's prepacked linears (the engine's `PrepackedLinear`: oneDNN, and in bf16 on AVX-512-BF16
+  also our kernel, `cpu_kernels/bf16_linear.cpp`) at decode and prefill row counts, as GFLOP/s
+  and as a share of the peak in the engine's dtype;
 - a whole decode step's 49 linears over distinct weights (as in the engine: each weight comes
-  from memory, not from cache) at 1, 16 and 64 rows, against the floor of that step: the larger
-  of its multiply-adds at the peak and its weight bytes at the stream rate.
+  from memory, not from cache) at 1, 16 and 64 rows, each kernel in turn, against the floor of
+  that step: the larger of its multiply-adds at the peak and its weight bytes at the stream
+  rate (the share of the floor reached in brackets).
 
 The probes are `bench/roofline_probe.c`, built with the system's C compiler (`-O3
 -march=native -fopenmp`; AVX-512 or AVX2 code as the CPU has).
@@ -89,26 +91,29 @@ def call_linears(linears: Sequence[Callable[[Any], object]], inputs: Sequence[An
         linear(x)
 
 
-def linear_rates(dtype: str, repeats: int) -> dict[str, dict[int, float]]:
+def linear_rates(dtype: str, repeats: int, bf16_kernel: bool) -> dict[str, dict[int, float]]:
     import torch
 
     from backends.native.cpu_linear import PrepackedLinear
 
+    torch_dtype = getattr(torch, dtype)
     rates: dict[str, dict[int, float]] = {}
     with torch.inference_mode():
         for name, (k, n) in SHAPES.items():
-            packed = PrepackedLinear(torch.nn.Linear(k, n, bias=False).to(getattr(torch, dtype)))
+            packed = PrepackedLinear(torch.nn.Linear(k, n, bias=False).to(torch_dtype),
+                                     bf16_kernel)
             rates[name] = {}
             for rows in ROWS:
-                x = torch.randn(rows, k, dtype=getattr(torch, dtype))
+                x = torch.randn(rows, k, dtype=torch_dtype)
                 seconds = best_seconds(partial(call_linears, [packed] * 5, [x] * 5), repeats) / 5
                 rates[name][rows] = 2 * rows * k * n / seconds / 1e9
     return rates
 
 
-def decode_step_linears(dtype: str, repeats: int) -> tuple[dict[int, float], int, int]:
-    """Seconds for one step's linears over distinct weights, per row count; flop per row and
-    weight bytes of that step."""
+def decode_step_linears(dtype: str, repeats: int, kernels: list[str],
+                        ) -> tuple[dict[str, dict[int, float]], int, int]:
+    """Seconds for one step's linears over distinct weights, per kernel and row count (the
+    kernels alternate); flop per row and weight bytes of that step."""
     import torch
 
     from backends.native.cpu_linear import PrepackedLinear
@@ -117,54 +122,71 @@ def decode_step_linears(dtype: str, repeats: int) -> tuple[dict[int, float], int
     shapes = [SHAPES[name] for name in ("qkv", "o", "gate_up", "down")] * layers
     shapes.append(SHAPES["lm_head"])
     torch_dtype = getattr(torch, dtype)
-    linears = [PrepackedLinear(torch.nn.Linear(k, n, bias=False).to(torch_dtype))
-               for k, n in shapes]
-    weight_bytes = sum(k * n for k, n in shapes) * torch_dtype.itemsize
-    flop_per_row = sum(2 * k * n for k, n in shapes)
-    seconds = {}
+    plain = [torch.nn.Linear(k, n, bias=False).to(torch_dtype) for k, n in shapes]
+    linears = {kernel: [PrepackedLinear(linear, kernel == "ours") for linear in plain]
+               for kernel in kernels}
+    del plain
+    seconds: dict[str, dict[int, float]] = {kernel: {} for kernel in kernels}
     with torch.inference_mode():
         for rows in STEP_ROWS:
             inputs = {k: torch.randn(rows, k, dtype=torch_dtype) for k in (768, 2048)}
             step_inputs = [inputs[k] for k, _ in shapes]
-            seconds[rows] = best_seconds(partial(call_linears, linears, step_inputs), repeats)
-    return seconds, flop_per_row, weight_bytes
+            for kernel in kernels:
+                seconds[kernel][rows] = best_seconds(
+                    partial(call_linears, linears[kernel], step_inputs), repeats)
+    weight_bytes = sum(k * n for k, n in shapes) * torch_dtype.itemsize
+    return seconds, sum(2 * k * n for k, n in shapes), weight_bytes
+
+
+def measure_peaks(threads: int, repeats: int) -> tuple[dict[str, float], float]:
+    with tempfile.TemporaryDirectory() as tmp:
+        binary = build_probe(Path(tmp))
+        peaks = {f"{mode}_{t}t": probe(binary, mode, t, repeats)
+                 for mode in ("fma32", "bf16dot") for t in (1, threads)}
+        return peaks, probe(binary, "stream", threads, repeats)
+
+
+def print_rates(kernel: str, rates: dict[str, dict[int, float]], peak: float) -> None:
+    print(f"{kernel:6s} {'K x N':>12s} " + " ".join(f"{r:>5d} rows" for r in ROWS)
+          + "   (GFLOP/s, % of peak)")
+    for name, (k, n) in SHAPES.items():
+        cells = " ".join(f"{rates[name][r]:4.0f} {100 * rates[name][r] / peak:3.0f}%"
+                         for r in ROWS)
+        print(f"{name:8s} {f'{k} x {n}':>10s} {cells}")
 
 
 def main() -> None:
     args = parse_args()
     placement = configure_threads(args.threads, bind=False)
+    from backends.cpu_kernels.build import bf16_linear_built
+
     dtype = resolve_bench_dtype(args.dtype)
     facts = machine_facts(dtype, args.threads)
     print(facts_line(facts), "|", placement)
-    with tempfile.TemporaryDirectory() as tmp:
-        binary = build_probe(Path(tmp))
-        peaks = {f"{mode}_{t}t": probe(binary, mode, t, args.repeats)
-                 for mode in ("fma32", "bf16dot") for t in (1, args.threads)}
-        stream = probe(binary, "stream", args.threads, args.repeats)
-    peak = peaks[f"bf16dot_{args.threads}t"] if dtype == "bfloat16" and facts["bf16_native"] \
-        else peaks[f"fma32_{args.threads}t"]
+    peaks, stream = measure_peaks(args.threads, args.repeats)
+    bf16 = dtype == "bfloat16" and facts["bf16_native"]
+    peak = peaks[f"bf16dot_{args.threads}t"] if bf16 else peaks[f"fma32_{args.threads}t"]
     print(f"peaks (GFLOP/s, 1 / {args.threads} threads): float32 FMA {peaks['fma32_1t']:.0f} / "
           f"{peaks[f'fma32_{args.threads}t']:.0f}, bf16 dot {peaks['bf16dot_1t']:.0f} / "
           f"{peaks[f'bf16dot_{args.threads}t']:.0f} (0: no AVX-512-BF16); read stream "
           f"{stream:.1f} GB/s; {dtype} peak used below: {peak:.0f}")
-    rates = linear_rates(dtype, args.repeats)
-    print(f"{'weight':8s} {'K x N':>12s} " + " ".join(f"{r:>5d} rows" for r in ROWS)
-          + "   (GFLOP/s, % of peak)")
-    for name, (k, n) in SHAPES.items():
-        cells = " ".join(f"{rates[name][r]:4.0f} {100 * rates[name][r] / peak:3.0f}%"
-                         for r in ROWS)
-        print(f"{name:8s} {f'{k} x {n}':>12s} {cells}")
-    step, flop_per_row, weight_bytes = decode_step_linears(dtype, args.repeats)
+    # "ours": cpu_kernels/bf16_linear.cpp, where the engine would take it
+    kernels = ["onednn", "ours"] if bf16 and bf16_linear_built() else ["onednn"]
+    rates = {kernel: linear_rates(dtype, args.repeats, kernel == "ours") for kernel in kernels}
+    for kernel in kernels:
+        print_rates(kernel, rates[kernel], peak)
+    step, flop_per_row, weight_bytes = decode_step_linears(dtype, args.repeats, kernels)
     floors = {}
     print(f"a decode step's 49 linears, distinct weights ({weight_bytes / 1e6:.0f} MB):")
-    for rows, seconds in step.items():
+    for rows in STEP_ROWS:
         compute, read = rows * flop_per_row / peak / 1e9, weight_bytes / stream / 1e9
         floors[rows] = max(compute, read)
-        print(f"  {rows:3d} rows: {seconds * 1e3:6.2f} ms; floor {floors[rows] * 1e3:6.2f} ms "
-              f"(multiply-adds at peak {compute * 1e3:.2f}, weights at the stream rate "
-              f"{read * 1e3:.2f}): {100 * floors[rows] / seconds:.0f}% of the way")
+        times = ", ".join(f"{kernel} {step[kernel][rows] * 1e3:6.2f} ms "
+                          f"({100 * floors[rows] / step[kernel][rows]:.0f}%)" for kernel in kernels)
+        print(f"  {rows:3d} rows: {times}; floor {floors[rows] * 1e3:6.2f} ms (multiply-adds at "
+              f"peak {compute * 1e3:.2f}, weights at the stream rate {read * 1e3:.2f})")
     write_json(args.json, facts, {"peaks_gflops": peaks, "stream_gbs": stream,
-                                  "peak_used": peak, "prepacked_gflops": rates,
+                                  "peak_used": peak, "gflops": rates,
                                   "decode_step_linears_s": step, "floors_s": floors})
 
 

@@ -66,6 +66,9 @@ _FLAGS: tuple[tuple[tuple[str, ...], str, type, str], ...] = (
      "quantized ones, where it gains least for the most start-up time)"),
     (("--prepack-weights",), "prepack_weights", str,
      "CPU: dense weights prepacked for oneDNN at load: true (default) | false"),
+    (("--bf16-linear-kernel",), "bf16_linear_kernel", str,
+     "CPU, bf16: prepacked linears through our kernel where the CPU has AVX-512-BF16: "
+     "true (default) | false (oneDNN)"),
     (("--attention-kernels",), "attention_kernels", str,
      "CPU, with --compile: decode and prompt attention through our C++ kernels where they "
      "are built: true (default) | false (inductor's code and torch's SDPA)"),

@@ -7,6 +7,7 @@ process:
     switchyard_cpu::paged_decode_attention  paged_attention.cpp: decode rows over KV blocks
     switchyard_cpu::paged_prefill_attention  prefill_attention.cpp: a prompt chunk, causal
     switchyard_cpu::prepacked_linear  prepacked_linear.cpp: cpu_linear.py's oneDNN call
+    switchyard_cpu::bf16_linear       bf16_linear.cpp: dense bf16 linears (AVX-512-BF16 only)
 
 The library is cached under the cache directory (`SWITCHYARD_CACHE_DIR`, default
 `~/.cache/switchyard`) in `kernels/`, named by everything that goes into it; a build takes
@@ -45,7 +46,12 @@ SOURCES: dict[Path, tuple[str, ...]] = {
     Path(__file__).with_name("paged_attention.cpp"): (),
     Path(__file__).with_name("prefill_attention.cpp"): (),
     Path(__file__).with_name("prepacked_linear.cpp"): (),
+    Path(__file__).with_name("bf16_linear.cpp"): (),
 }
+# Sources with code for an extension only some CPUs of a variant have: its flag is added where
+# the CPU has it (else the source builds its operators as refusing stubs).
+OPTIONAL_ISA = {Path(__file__).with_name("bf16_linear.cpp"): ("avx512-vnni", "avx512_bf16",
+                                                             "-mavx512bf16")}
 HEADERS = (Path(__file__).with_name("simd.h"),)
 SETTING = "SWITCHYARD_CPU_KERNELS"
 VARIANTS = {
@@ -92,15 +98,28 @@ def active_variant() -> str | None:
     return name
 
 
+@functools.cache
+def bf16_linear_built() -> bool:
+    """Whether our kernels are loaded with the AVX-512-BF16 linear (bf16_linear.cpp)."""
+    return active_variant() is not None and bool(torch.ops.switchyard_cpu.bf16_linear_built())
+
+
 def _compile_commands(name: str, folder: Path) -> list[list[str]]:
     """One command per source (object file in `folder`), in parallel."""
     compiler = os.environ.get("CXX", "g++")
     includes = [f"-I{path}" for path in cpp_extension.include_paths()]
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    _, flags = read_cpuinfo()
     return [[compiler, "-O3", "-fPIC", "-std=c++20", "-fopenmp", *VARIANTS[name], *extra,
+             *_optional_isa_flags(source, name, flags or frozenset()),
              f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-w", *includes, "-c", str(source),
              "-o", str(folder / f"{source.stem}.o")]
             for source, extra in SOURCES.items()]
+
+
+def _optional_isa_flags(source: Path, name: str, flags: frozenset[str]) -> tuple[str, ...]:
+    variant, cpu_flag, compiler_flag = OPTIONAL_ISA.get(source, ("", "", ""))
+    return (compiler_flag,) if variant == name and cpu_flag in flags else ()
 
 
 def _link_command(folder: Path, output: Path) -> list[str]:
@@ -173,6 +192,11 @@ def _register_fake() -> None:
                                  block_table: torch.Tensor, context: int, window: int,
                                  scale: float) -> torch.Tensor:
         return q.new_empty(q.shape)
+
+    @torch.library.register_fake("switchyard_cpu::bf16_linear")
+    def _bf16_linear(x: torch.Tensor, packed: torch.Tensor,
+                     bias: torch.Tensor | None) -> torch.Tensor:
+        return x.new_empty((*x.shape[:-1], packed.shape[0] * 16))
 
     @torch.library.register_fake("switchyard_cpu::prepacked_linear")
     def _prepacked_linear(x: torch.Tensor, handle: torch.Tensor, out_features: int,

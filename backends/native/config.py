@@ -33,6 +33,9 @@ class EngineConfig:
     compile_prefill_step: bool | None = None
     # CPU: dense linears through oneDNN with weights prepacked once at load (cpu_linear.py)
     prepack_weights: bool = True
+    # CPU, prepacked bf16 weights: our linear kernel where the CPU has AVX-512-BF16
+    # (cpu_kernels/bf16_linear.cpp; at least oneDNN's speed at every row count); False: oneDNN
+    bf16_linear_kernel: bool = True
     # CPU, with compile: decode and prompt attention through our C++ kernels (cpu_kernels/
     # paged_attention.cpp, prefill_attention.cpp) where they are built and fit the shapes;
     # False: inductor's code for the decode reductions, torch's SDPA for prompts

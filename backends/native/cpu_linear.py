@@ -17,6 +17,12 @@ oneDNN builds (and caches, process-wide) one primitive per input row count, and 
 from 1 to 2048 grew by gigabytes. Rows are therefore padded up to a bounded set of counts
 (`row_bucket`: exact to 16, then 8 per octave, < 12.5% padding): at most 72 primitives per
 weight shape up to 2048 rows, shared by all layers (bench/linear_memory.py measures both).
+
+Where the CPU has AVX-512-BF16, bf16 weights are packed for our own kernel instead
+(`cpu_kernels/bf16_linear.cpp`, `bf16_kernel=True`; the engine's `bf16_linear_kernel`): at
+every row count it is at least as fast (bench/roofline.py: oneDNN leaves the weight stream and
+the multiply-adds barely overlapped at decode row counts); its sums differ from oneDNN's in
+the last bf16 bit now and then. A plain tensor buffer, it needs no handle and no row buckets.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import logging
 import torch
 from torch import nn
 
-from backends.cpu_kernels.build import active_variant
+from backends.cpu_kernels.build import active_variant, bf16_linear_built
 
 log = logging.getLogger(__name__)
 
@@ -80,9 +86,10 @@ def _(
 
 
 class PrepackedLinear(nn.Module):
-    """An nn.Linear (or FusedLinear: `shards` kept) whose weight lives prepacked in oneDNN."""
+    """An nn.Linear (or FusedLinear: `shards` kept) whose weight is packed once at load: for
+    oneDNN, or with `bf16_kernel` for our bf16 kernel where it runs (`uses_bf16_kernel`)."""
 
-    def __init__(self, linear: nn.Module) -> None:
+    def __init__(self, linear: nn.Module, bf16_kernel: bool = False) -> None:
         super().__init__()
         weight = linear.weight.detach()
         self.in_features, self.out_features = weight.shape[1], weight.shape[0]
@@ -91,28 +98,49 @@ class PrepackedLinear(nn.Module):
         self.shards: list[int] = list(shards) if shards else [self.out_features]
         bias = linear.bias
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
-        packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), BATCH_HINT)
-        # Our C++ operator where our kernels are built (no Python in the call), else this file's
+        self._bytes = weight.numel() * weight.element_size()
+        self.kernel = "bf16" if bf16_kernel and uses_bf16_kernel(weight) else "onednn"
+        # Our C++ operators where our kernels are built (no Python in the call), else this file's
         self.native = active_variant() is not None
+        if self.kernel == "bf16":
+            self.register_buffer("packed", pack_for_bf16_kernel(weight), persistent=False)
+            return
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), BATCH_HINT)
         handle = (torch.ops.switchyard_cpu.keep_packed_weight(packed) if self.native
                   else _keep(packed))
         self.register_buffer("handle", torch.tensor(handle), persistent=False)
-        self._bytes = weight.numel() * weight.element_size()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != self.dtype:
             raise TypeError(f"PrepackedLinear holds {self.dtype} weights, got {x.dtype} input")
+        if self.kernel == "bf16":
+            return torch.ops.switchyard_cpu.bf16_linear(x, self.packed, self.bias)
         if self.native:
             return torch.ops.switchyard_cpu.prepacked_linear(x, self.handle, self.out_features,
                                                              self.bias)
         return prepacked_linear(x, self.handle, self.out_features, self.bias)
 
     def extra_bytes(self) -> int:
-        """The packed weight: outside parameters, so resident_bytes asks for it."""
+        """The packed weight: a non-persistent buffer or oneDNN's, so resident_bytes asks."""
         return self._bytes
 
     def extra_repr(self) -> str:
-        return f"in={self.in_features}, out={self.out_features}, {self.dtype}, oneDNN prepacked"
+        packing = "packed for our bf16 kernel" if self.kernel == "bf16" else "oneDNN prepacked"
+        return f"in={self.in_features}, out={self.out_features}, {self.dtype}, {packing}"
+
+
+def uses_bf16_kernel(weight: torch.Tensor) -> bool:
+    """Our bf16 kernel runs this weight: bf16, on a CPU with AVX-512-BF16 (and our kernels
+    built), 16 output columns a block, input features in pairs."""
+    rows, columns = weight.shape
+    return weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and \
+        rows % 16 == 0 and columns % 2 == 0 and bf16_linear_built()
+
+
+def pack_for_bf16_kernel(weight: torch.Tensor) -> torch.Tensor:
+    """[N, K] -> [N / 16, K / 2, 16, 2]: 16 output columns a block, a k-pair a 64-byte line."""
+    rows, columns = weight.shape
+    return weight.reshape(rows // 16, 16, columns // 2, 2).permute(0, 2, 1, 3).contiguous()
 
 
 def can_prepack(device: torch.device, dtype: torch.dtype) -> bool:
@@ -124,7 +152,7 @@ def can_prepack(device: torch.device, dtype: torch.dtype) -> bool:
     return dtype != torch.bfloat16 or bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
-def prepack_linears(model: nn.Module) -> int:
+def prepack_linears(model: nn.Module, bf16_kernel: bool = False) -> int:
     """Swap every dense Linear / FusedLinear of `model` (not quantized ones) for a
     PrepackedLinear; returns how many. The tied embedding keeps its own plain weight."""
     targets = [(name, module) for name, module in model.named_modules()
@@ -132,7 +160,7 @@ def prepack_linears(model: nn.Module) -> int:
     for name, module in targets:
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, attr, PrepackedLinear(module).train(module.training))
+        setattr(parent, attr, PrepackedLinear(module, bf16_kernel).train(module.training))
     return len(targets)
 
 

@@ -1,0 +1,178 @@
+// Dense bf16 linears on CPUs with AVX-512-BF16, at every row count:
+// out[M, N] = x[M, K] . w[N, K]^T (+ bias), float32 sums rounded to bf16 once, at the end.
+//
+// `vdpbf16ps` multiplies two bf16 pairs per float32 lane. The weight is packed once, at load,
+// into [N / 16, K / 2, 16, 2]: blocks of 16 output columns, each k-pair of a block one 64-byte
+// line, so a block streams in address order. A tile is up to 8 rows x 2 blocks (16
+// accumulators): per k-pair, two weight loads and up to eight broadcast input pairs feed
+// sixteen `vdpbf16ps`. Threads take pairs of blocks (and row chunks where pairs are few); the
+// rows loop inside, so a pair's weights come from memory once and from cache for every further
+// row tile (bench/roofline.py: oneDNN overlaps that read less with the arithmetic at decode
+// row counts).
+//
+//   bf16_linear_built() -> bool          whether this build has the kernel (AVX-512-BF16)
+//   bf16_linear(x [.., K], packed [N / 16, K / 2, 16, 2], bias [N]?) -> [.., N]   all bf16
+//
+// build.py compiles this file with -mavx512bf16 where the CPU has it; elsewhere the operator
+// exists and refuses to run (the engine then keeps oneDNN).
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/BFloat16.h>
+#include <immintrin.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kColumns = 16;  // output columns per packed block
+constexpr int kRowTile = 8;
+
+bool bf16_linear_built() {
+#ifdef __AVX512BF16__
+  return true;
+#else
+  return false;
+#endif
+}
+
+#ifdef __AVX512BF16__
+
+struct Problem {
+  const int32_t* x;      // [M, K / 2] bf16 pairs
+  const uint16_t* w;     // [N / 16, K / 2, 16, 2]
+  const uint16_t* bias;  // [N] or null
+  uint16_t* out;         // [M, N]
+  int64_t m, pairs, n;
+};
+
+// Rows [row, row + Rows) x blocks [block, block + Blocks).
+template <int Rows, int Blocks>
+void tile(const Problem& p, int64_t row, int64_t block) {
+  __m512 acc[Rows][Blocks];
+  for (int r = 0; r < Rows; ++r)
+    for (int b = 0; b < Blocks; ++b) acc[r][b] = _mm512_setzero_ps();
+  const int32_t* x = p.x + row * p.pairs;
+  const uint16_t* w = p.w + block * p.pairs * 2 * kColumns;
+  const int64_t block_stride = p.pairs * 2 * kColumns;
+  for (int64_t k = 0; k < p.pairs; ++k) {
+    __m512bh weights[Blocks];
+    for (int b = 0; b < Blocks; ++b)
+      weights[b] = (__m512bh)_mm512_loadu_si512(w + b * block_stride + k * 2 * kColumns);
+#pragma GCC unroll 8
+    for (int r = 0; r < Rows; ++r) {
+      const __m512bh pair = (__m512bh)_mm512_set1_epi32(x[r * p.pairs + k]);
+      for (int b = 0; b < Blocks; ++b) acc[r][b] = _mm512_dpbf16_ps(acc[r][b], pair, weights[b]);
+    }
+  }
+  for (int b = 0; b < Blocks; ++b) {
+    const int64_t column = (block + b) * kColumns;
+    __m512 bias = _mm512_setzero_ps();
+    if (p.bias != nullptr) {  // bf16 -> float32 is a 16-bit shift
+      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.bias + column));
+      bias = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+    }
+    for (int r = 0; r < Rows; ++r) {
+      const __m256bh rounded = _mm512_cvtneps_pbh(_mm512_add_ps(acc[r][b], bias));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p.out + (row + r) * p.n + column),
+                          (__m256i)rounded);
+    }
+  }
+}
+
+template <int Blocks>
+void rows_remainder(const Problem& p, int64_t row, int64_t block, int64_t count) {
+  switch (count) {
+    case 1: return tile<1, Blocks>(p, row, block);
+    case 2: return tile<2, Blocks>(p, row, block);
+    case 3: return tile<3, Blocks>(p, row, block);
+    case 4: return tile<4, Blocks>(p, row, block);
+    case 5: return tile<5, Blocks>(p, row, block);
+    case 6: return tile<6, Blocks>(p, row, block);
+    case 7: return tile<7, Blocks>(p, row, block);
+    default: return;
+  }
+}
+
+// Rows [first, last) against blocks [block, block + Blocks).
+template <int Blocks>
+void row_range(const Problem& p, int64_t block, int64_t first, int64_t last) {
+  int64_t row = first;
+  for (; row + kRowTile <= last; row += kRowTile) tile<kRowTile, Blocks>(p, row, block);
+  rows_remainder<Blocks>(p, row, block, last - row);
+}
+
+// Work items are (pair of blocks, row chunk), a pair's chunks consecutive so that a thread
+// reads a pair's weights once. Rows are split only where the pairs alone are too few to keep
+// every thread busy (few output columns, many threads).
+void run(const Problem& p) {
+  const int64_t blocks = p.n / kColumns, pairs = (blocks + 1) / 2;
+  const int64_t wanted = 4 * static_cast<int64_t>(at::get_num_threads());
+  const int64_t chunks =
+      std::clamp<int64_t>((wanted + pairs - 1) / pairs, 1, (p.m + kRowTile - 1) / kRowTile);
+  const int64_t chunk_rows = ((p.m + chunks - 1) / chunks + kRowTile - 1) / kRowTile * kRowTile;
+  at::parallel_for(0, pairs * chunks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t pair = item / chunks, first = (item % chunks) * chunk_rows;
+      const int64_t last = std::min(p.m, first + chunk_rows);
+      if (first >= last) continue;
+      if (2 * pair + 1 < blocks) row_range<2>(p, 2 * pair, first, last);
+      else row_range<1>(p, 2 * pair, first, last);
+    }
+  });
+}
+
+#endif
+
+at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed,
+                       const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(bf16_linear_built(),
+              "bf16_linear: this build has no AVX-512-BF16 code (the CPU lacks it)");
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && packed.scalar_type() == at::kBFloat16,
+              "bf16_linear: x and the packed weight must be bfloat16");
+  TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kColumns && packed.size(3) == 2 &&
+                  packed.is_contiguous(),
+              "bf16_linear: packed must be contiguous [N / 16, K / 2, 16, 2]");
+  const int64_t k = x.size(-1), n = packed.size(0) * kColumns;
+  TORCH_CHECK(packed.size(1) * 2 == k, "bf16_linear: x has ", k, " features, the weight ",
+              packed.size(1) * 2);
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->scalar_type() == at::kBFloat16 && bias->dim() == 1 &&
+                    bias->size(0) == n && bias->is_contiguous(),
+                "bf16_linear: bias must be contiguous bfloat16 [", n, "]");
+  }
+  const at::Tensor rows = x.reshape({-1, k}).contiguous();
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = n;
+  at::Tensor out = at::empty({rows.size(0), n}, x.options());
+#ifdef __AVX512BF16__
+  if (rows.size(0) > 0) {
+    const Problem p{reinterpret_cast<const int32_t*>(rows.const_data_ptr<c10::BFloat16>()),
+                    reinterpret_cast<const uint16_t*>(packed.const_data_ptr<c10::BFloat16>()),
+                    bias.has_value()
+                        ? reinterpret_cast<const uint16_t*>(bias->const_data_ptr<c10::BFloat16>())
+                        : nullptr,
+                    reinterpret_cast<uint16_t*>(out.mutable_data_ptr<c10::BFloat16>()),
+                    rows.size(0), k / 2, n};
+    run(p);
+  }
+#endif
+  return out.view(shape);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(switchyard_cpu, m) {
+  m.def("bf16_linear_built() -> bool");
+  m.def("bf16_linear(Tensor x, Tensor packed, Tensor? bias) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(switchyard_cpu, CompositeExplicitAutograd, m) {
+  m.impl("bf16_linear_built", &bf16_linear_built);
+}
+
+TORCH_LIBRARY_IMPL(switchyard_cpu, CPU, m) { m.impl("bf16_linear", &bf16_linear); }
