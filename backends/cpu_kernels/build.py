@@ -11,7 +11,7 @@ process:
 
 The library is cached under the cache directory (`SWITCHYARD_CACHE_DIR`, default
 `~/.cache/switchyard`) in `kernels/`, named by everything that goes into it; a build takes
-~23 s on 2 cores (sources compile in parallel; the attention kernels are instantiated per head
+~26 s on 2 cores (sources compile in parallel; the attention kernels are instantiated per head
 size and dtype), a cached load milliseconds.
 
 Which code: AVX-512 (with VNNI) where the CPU has it and torch dispatches to AVX-512, AVX2 (+
