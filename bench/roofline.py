@@ -27,7 +27,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
@@ -44,10 +43,11 @@ from bench.common import (  # noqa: E402
     resolve_bench_dtype,
     write_json,
 )
+from bench.linear_kernels import SHAPES as KERNEL_SHAPES  # noqa: E402
+from bench.linear_kernels import best_ms  # noqa: E402
 
 PROBE_SOURCE = Path(__file__).with_name("roofline_probe.c")
-SHAPES = {"qkv": (768, 2304), "o": (768, 768), "gate_up": (768, 4096), "down": (2048, 768),
-          "lm_head": (768, 32000)}
+SHAPES = {**KERNEL_SHAPES, "o": (768, 768)}  # W1's weights, the attention output one too
 ROWS = (16, 64, 2048)
 STEP_ROWS = (1, 16, 64)
 
@@ -76,16 +76,6 @@ def probe(binary: Path, mode: str, threads: int, repeats: int) -> float:
     return max(runs)
 
 
-def best_seconds(fn: Callable[[], object], repeats: int) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
 def call_linears(linears: Sequence[Callable[[Any], object]], inputs: Sequence[Any]) -> None:
     for linear, x in zip(linears, inputs, strict=True):
         linear(x)
@@ -105,7 +95,7 @@ def linear_rates(dtype: str, repeats: int, bf16_kernel: bool) -> dict[str, dict[
             rates[name] = {}
             for rows in ROWS:
                 x = torch.randn(rows, k, dtype=torch_dtype)
-                seconds = best_seconds(partial(call_linears, [packed] * 5, [x] * 5), repeats) / 5
+                seconds = best_ms(partial(packed, x), repeats, calls=5) / 1000
                 rates[name][rows] = 2 * rows * k * n / seconds / 1e9
     return rates
 
@@ -132,8 +122,8 @@ def decode_step_linears(dtype: str, repeats: int, kernels: list[str],
             inputs = {k: torch.randn(rows, k, dtype=torch_dtype) for k in (768, 2048)}
             step_inputs = [inputs[k] for k, _ in shapes]
             for kernel in kernels:
-                seconds[kernel][rows] = best_seconds(
-                    partial(call_linears, linears[kernel], step_inputs), repeats)
+                seconds[kernel][rows] = best_ms(
+                    partial(call_linears, linears[kernel], step_inputs), repeats, calls=1) / 1000
     weight_bytes = sum(k * n for k, n in shapes) * torch_dtype.itemsize
     return seconds, sum(2 * k * n for k, n in shapes), weight_bytes
 
