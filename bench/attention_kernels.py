@@ -2,8 +2,11 @@
 
 - decode rows (`switchyard_cpu::paged_decode_attention`) against the torch.compile'd
   reductions (`attention._decode_fused`), B sequences over ~`--context` cached tokens each,
-  blocks scattered through the cache as a running server leaves them; a plain read of the same
-  K/V (two sums) is printed beside them as the memory floor;
+  once with each sequence's blocks in a row (as a fresh server hands out a prompt's blocks) and
+  once scattered through the cache (as a long-running one leaves them); `--layers` caches are
+  read in turn, as a step reads its layers', so that K/V come from memory and not from the
+  last-level cache (a single layer's fits there, and flattered burst prefetching); a plain read
+  of the same K/V (two sums) is printed beside them as the memory floor;
 - a prompt chunk (`switchyard_cpu::paged_prefill_attention`) against torch's SDPA (causal,
   the CPU flash kernel) at several lengths.
 
@@ -11,7 +14,7 @@ W1's attention shape by default (12 heads of 64, no GQA); bf16 where the CPU has
 else float32. Prints the median ms of each and the ratio ours / torch.
 
     .venv/bin/python -m bench.attention_kernels [--threads 2] [--batch 16 64] [--context 160]
-        [--prompts 19 128 512 2048] [--heads 12] [--kv-heads 12] [--head-dim 64]
+        [--layers 12] [--prompts 19 128 512 2048] [--heads 12] [--kv-heads 12] [--head-dim 64]
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--batch", type=int, nargs="+", default=[16, 64])
     parser.add_argument("--context", type=int, default=160)
+    parser.add_argument("--layers", type=int, default=12,
+                        help="caches read in turn (decode), so that K/V come from memory")
     parser.add_argument("--prompts", type=int, nargs="+", default=[19, 128, 512, 2048])
     parser.add_argument("--heads", type=int, default=12)
     parser.add_argument("--kv-heads", type=int, default=12)
@@ -58,7 +63,9 @@ def alternate(fns: dict[str, Callable[[], object]], rounds: int, calls: int) -> 
     return {name: statistics.median(values) for name, values in times.items()}
 
 
-def decode_case(args: argparse.Namespace, batch: int, dtype) -> dict[str, float]:
+def decode_case(args: argparse.Namespace, batch: int, dtype, scattered: bool,
+                ) -> dict[str, float]:
+    """Median ms a layer, each of `--layers` caches read in turn."""
     import torch
 
     from backends.native.attention import _decode_fused, decode_mask
@@ -67,20 +74,22 @@ def decode_case(args: argparse.Namespace, batch: int, dtype) -> dict[str, float]
     width = -(-args.context // BLOCK_SIZE)
     blocks = batch * width + 16
     shape = (blocks, args.kv_heads, BLOCK_SIZE, args.head_dim)
-    k_cache = torch.randn(shape, generator=gen).to(dtype)
-    v_cache = torch.randn(shape, generator=gen).to(dtype)
+    caches = [tuple(torch.randn(shape, generator=gen).to(dtype) for _ in "kv")
+              for _ in range(args.layers)]
     q = torch.randn(batch, args.heads, args.head_dim, generator=gen).to(dtype)
-    tables = torch.randperm(blocks, generator=gen)[: batch * width].view(batch, width)
+    order = torch.randperm(blocks, generator=gen) if scattered else torch.arange(blocks)
+    tables = order[: batch * width].view(batch, width)
     ends = torch.full((batch,), args.context)
     mask = decode_mask(torch.zeros(batch, dtype=torch.long), ends, width * BLOCK_SIZE)
     scale = args.head_dim ** -0.5
     compiled = torch.compile(_decode_fused, dynamic=True)
-    return alternate({
-        "ours": lambda: torch.ops.switchyard_cpu.paged_decode_attention(
-            q, k_cache, v_cache, tables, mask, scale),
-        "torch": lambda: compiled(q, k_cache, v_cache, tables, mask, scale),
-        "read K+V": lambda: (k_cache.sum(), v_cache.sum()),
-    }, args.rounds, 10)
+    ours = torch.ops.switchyard_cpu.paged_decode_attention
+    ms = alternate({
+        "ours": lambda: [ours(q, k, v, tables, mask, scale) for k, v in caches],
+        "torch": lambda: [compiled(q, k, v, tables, mask, scale) for k, v in caches],
+        "read K+V": lambda: [(k.sum(), v.sum()) for k, v in caches],
+    }, args.rounds, 3)
+    return {name: value / args.layers for name, value in ms.items()}
 
 
 def prefill_case(args: argparse.Namespace, length: int, dtype) -> dict[str, float]:
@@ -123,10 +132,12 @@ def main() -> None:
     print(f"kernels: {variant}; {args.heads} heads / {args.kv_heads} kv heads of {args.head_dim}")
     with torch.inference_mode():
         for batch in args.batch:
-            ms = decode_case(args, batch, dtype)
-            print(f"decode {batch:3d} x {args.context} tokens: ours {ms['ours']:.3f} ms | "
-                  f"torch.compile {ms['torch']:.3f} | ours/torch {ms['ours'] / ms['torch']:.2f}"
-                  f" | read K+V {ms['read K+V']:.3f}")
+            for scattered in (False, True):
+                ms = decode_case(args, batch, dtype, scattered)
+                print(f"decode {batch:3d} x {args.context} tokens, blocks "
+                      f"{'scattered' if scattered else 'in a row '}: ours {ms['ours']:.3f} ms | "
+                      f"torch.compile {ms['torch']:.3f} | ours/torch "
+                      f"{ms['ours'] / ms['torch']:.2f} | read K+V {ms['read K+V']:.3f}")
         for length in args.prompts:
             ms = prefill_case(args, length, dtype)
             print(f"prompt {length:5d} tokens: ours {ms['ours']:.3f} ms | SDPA {ms['torch']:.3f}"
