@@ -21,7 +21,9 @@ GREEDY_TEMPERATURE = 1e-5
 @dataclass
 class SamplerOutput:
     token_ids: list[int]
-    logprobs: list[float]  # of each chosen token under the model's raw distribution
+    # Of each chosen token under the model's raw distribution; None for every row when no row
+    # asks for logprobs (the logsumexp over the vocabulary is then skipped).
+    logprobs: list[float | None]
     # Per row, the seq.sampling.top_logprobs most likely (token, logprob), most likely first.
     top_logprobs: list[list[tuple[int, float]]]
 
@@ -44,6 +46,8 @@ def sample(
     if rows:
         drawn = _sample_rows(processed[rows], [seqs[i] for i in rows], generator)
         chosen[rows] = torch.where(drawn >= 0, drawn, chosen[rows])
+    if logprobs is None and not any(s.sampling.logprobs for s in seqs):
+        return SamplerOutput(chosen.tolist(), [None] * len(seqs), [[] for _ in seqs])
     if logprobs is None:
         chosen_logprobs = (logits.gather(1, chosen.unsqueeze(1)).squeeze(1)
                            - torch.logsumexp(logits, dim=-1))

@@ -39,11 +39,24 @@ def _support(logits_row: torch.Tensor, draws: int = 400, **params) -> set[int]:
 
 def test_greedy_picks_argmax_and_reports_its_logprob() -> None:
     logits = _logits(3)
-    out = sample(logits, [_seq(temperature=0.0) for _ in range(3)], torch.Generator())
+    out = sample(logits, [_seq(temperature=0.0, logprobs=True) for _ in range(3)],
+                 torch.Generator())
     assert out.token_ids == logits.argmax(-1).tolist()
     expected = torch.log_softmax(logits, -1).max(-1).values
     assert torch.allclose(torch.tensor(out.logprobs), expected)
     assert out.top_logprobs == [[], [], []]
+
+
+def test_logprobs_only_when_a_row_asks() -> None:
+    logits = _logits(3)
+    plain = sample(logits, [_seq(temperature=0.0) for _ in range(3)], torch.Generator())
+    assert plain.logprobs == [None, None, None]
+    assert plain.token_ids == logits.argmax(-1).tolist()
+    mixed = sample(logits, [_seq(temperature=0.0), _seq(temperature=0.0, logprobs=True),
+                            _seq(temperature=0.0)], torch.Generator())
+    assert mixed.token_ids == plain.token_ids
+    assert mixed.logprobs[1] == pytest.approx(torch.log_softmax(logits[1], -1).max().item(),
+                                              abs=1e-6)
 
 
 def test_same_seed_same_tokens_other_seed_differs() -> None:
@@ -173,7 +186,7 @@ def _reference_processed(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Te
 
 def test_penalties_bias_and_min_tokens_change_exactly_the_right_logits() -> None:
     seqs = [
-        _seq(temperature=0.0),  # untouched
+        _seq(temperature=0.0, logprobs=True),  # untouched; asks for logprobs (every row gets them)
         _seq(prompt=[4, 5, 5], output=(6, 6, 6, 7), temperature=0.0, repetition_penalty=1.3),
         _seq(prompt=[4, 5], output=(6, 6, 6, 7, 8, 6), temperature=0.0,
              frequency_penalty=0.4, presence_penalty=0.7),
