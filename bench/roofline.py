@@ -6,8 +6,9 @@ makes a probe slower):
 - the multiply-add peaks: float32 FMA and, where the CPU has AVX-512-BF16, `vdpbf16ps` (two
   bf16 products a float32 lane), with 1 thread and with `--threads`;
 - a read stream over 1 GiB with `--threads` (what weights and the KV cache can be read at);
-- W1's prepacked linears (the engine's `PrepackedLinear`: oneDNN, and in bf16 on AVX-512-BF16
-  also our kernel, `cpu_kernels/bf16_linear.cpp`) at decode and prefill row counts, as GFLOP/s
+- W1's prepacked linears (the engine's `PrepackedLinear`: oneDNN, and where the engine takes
+  it our kernel: `cpu_kernels/bf16_linear.cpp` in bf16 on AVX-512-BF16, `f32_linear.cpp` in
+  float32 where our kernels run AVX2 code) at decode and prefill row counts, as GFLOP/s
   and as a share of the peak in the engine's dtype;
 - a whole decode step's 49 linears over distinct weights (as in the engine: each weight comes
   from memory, not from cache) at 1, 16 and 64 rows, each kernel in turn, against the floor of
@@ -81,7 +82,7 @@ def call_linears(linears: Sequence[Callable[[Any], object]], inputs: Sequence[An
         linear(x)
 
 
-def linear_rates(dtype: str, repeats: int, bf16_kernel: bool) -> dict[str, dict[int, float]]:
+def linear_rates(dtype: str, repeats: int, ours: bool) -> dict[str, dict[int, float]]:
     import torch
 
     from backends.native.cpu_linear import PrepackedLinear
@@ -91,7 +92,7 @@ def linear_rates(dtype: str, repeats: int, bf16_kernel: bool) -> dict[str, dict[
     with torch.inference_mode():
         for name, (k, n) in SHAPES.items():
             packed = PrepackedLinear(torch.nn.Linear(k, n, bias=False).to(torch_dtype),
-                                     bf16_kernel)
+                                     bf16_kernel=ours, f32_kernel=ours)
             rates[name] = {}
             for rows in ROWS:
                 x = torch.randn(rows, k, dtype=torch_dtype)
@@ -113,8 +114,8 @@ def decode_step_linears(dtype: str, repeats: int, kernels: list[str],
     shapes.append(SHAPES["lm_head"])
     torch_dtype = getattr(torch, dtype)
     plain = [torch.nn.Linear(k, n, bias=False).to(torch_dtype) for k, n in shapes]
-    linears = {kernel: [PrepackedLinear(linear, kernel == "ours") for linear in plain]
-               for kernel in kernels}
+    linears = {kernel: [PrepackedLinear(linear, kernel == "ours", kernel == "ours")
+                        for linear in plain] for kernel in kernels}
     del plain
     seconds: dict[str, dict[int, float]] = {kernel: {} for kernel in kernels}
     with torch.inference_mode():
@@ -148,7 +149,7 @@ def print_rates(kernel: str, rates: dict[str, dict[int, float]], peak: float) ->
 def main() -> None:
     args = parse_args()
     placement = configure_threads(args.threads, bind=False)
-    from backends.cpu_kernels.build import bf16_linear_built
+    from backends.cpu_kernels.build import active_variant, bf16_linear_built
 
     dtype = resolve_bench_dtype(args.dtype)
     facts = machine_facts(dtype, args.threads)
@@ -160,8 +161,9 @@ def main() -> None:
           f"{peaks[f'fma32_{args.threads}t']:.0f}, bf16 dot {peaks['bf16dot_1t']:.0f} / "
           f"{peaks[f'bf16dot_{args.threads}t']:.0f} (0: no AVX-512-BF16); read stream "
           f"{stream:.1f} GB/s; {dtype} peak used below: {peak:.0f}")
-    # "ours": cpu_kernels/bf16_linear.cpp, where the engine would take it
-    kernels = ["onednn", "ours"] if bf16 and bf16_linear_built() else ["onednn"]
+    # "ours": cpu_kernels/bf16_linear.cpp or f32_linear.cpp, where the engine would take it
+    ours = (bf16 and bf16_linear_built()) or (dtype == "float32" and active_variant() == "avx2")
+    kernels = ["onednn", "ours"] if ours else ["onednn"]
     rates = {kernel: linear_rates(dtype, args.repeats, kernel == "ours") for kernel in kernels}
     for kernel in kernels:
         print_rates(kernel, rates[kernel], peak)

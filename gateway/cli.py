@@ -69,6 +69,9 @@ _FLAGS: tuple[tuple[tuple[str, ...], str, type, str], ...] = (
     (("--bf16-linear-kernel",), "bf16_linear_kernel", str,
      "CPU, bf16: prepacked linears through our kernel where the CPU has AVX-512-BF16: "
      "true (default) | false (oneDNN)"),
+    (("--f32-linear-kernel",), "f32_linear_kernel", str,
+     "CPU, float32: prepacked linears through our AVX2 FMA kernel where our kernels run AVX2 "
+     "code (AVX2-only CPUs): true (default) | false (oneDNN)"),
     (("--attention-kernels",), "attention_kernels", str,
      "CPU, with --compile: decode and prompt attention through our C++ kernels where they "
      "are built: true (default) | false (inductor's code and torch's SDPA)"),

@@ -41,8 +41,8 @@ _ENGINE_FIELDS = (
     "num_threads", "max_concurrent_requests", "max_queued_requests", "max_queued_tokens",
     "queue_timeout", "request_timeout", "waiting_served_ratio", "max_waiting_tokens",
     "chunked_prefill", "prefix_caching", "compile", "compile_decode_step",
-    "compile_prefill_step", "prepack_weights", "bf16_linear_kernel", "attention_kernels",
-    "quantize", "quantized_kernels", "cache_dir",
+    "compile_prefill_step", "prepack_weights", "bf16_linear_kernel", "f32_linear_kernel",
+    "attention_kernels", "quantize", "quantized_kernels", "cache_dir",
 )
 DEFAULT_MAX_BODY_BYTES = 8 * 1024**2
 @dataclass(frozen=True)
@@ -110,6 +110,7 @@ class Settings(BaseSettings):
     compile_prefill_step: bool | None = None
     prepack_weights: bool | None = None
     bf16_linear_kernel: bool | None = None
+    f32_linear_kernel: bool | None = None
     attention_kernels: bool | None = None
     # the native engine's startup cache; unset: ~/.cache/switchyard (backends/registry.py)
     cache_dir: str | None = None

@@ -47,6 +47,7 @@ SOURCES: dict[Path, tuple[str, ...]] = {
     Path(__file__).with_name("prefill_attention.cpp"): (),
     Path(__file__).with_name("prepacked_linear.cpp"): (),
     Path(__file__).with_name("bf16_linear.cpp"): (),
+    Path(__file__).with_name("f32_linear.cpp"): (),
 }
 # Sources with code for an extension only some CPUs of a variant have: its flag is added where
 # the CPU has it (else the source builds its operators as refusing stubs).
@@ -196,6 +197,11 @@ def _register_fake() -> None:
     @torch.library.register_fake("switchyard_cpu::bf16_linear")
     def _bf16_linear(x: torch.Tensor, packed: torch.Tensor,
                      bias: torch.Tensor | None) -> torch.Tensor:
+        return x.new_empty((*x.shape[:-1], packed.shape[0] * 16))
+
+    @torch.library.register_fake("switchyard_cpu::f32_linear")
+    def _f32_linear(x: torch.Tensor, packed: torch.Tensor,
+                    bias: torch.Tensor | None) -> torch.Tensor:
         return x.new_empty((*x.shape[:-1], packed.shape[0] * 16))
 
     @torch.library.register_fake("switchyard_cpu::prepacked_linear")

@@ -142,6 +142,9 @@ void lane_block(const uint8_t* packed, const uint16_t* sz, const QuantizedRows& 
 
 #else  // AVX2: a lane block is two halves of 8 lanes
 
+// A row read alone is compute-light enough that the hardware prefetcher falls behind.
+constexpr int64_t kPrefetchAhead = 1024;  // bytes: four 32-column blocks
+
 inline __m256i half_dot(const __m256i w[8], const int8_t* x) {
   const int32_t* x4 = reinterpret_cast<const int32_t*>(x);
   // Products of 0..15 and -128..127: pairs sum to at most 3810, eight such to 30480 (int16).
@@ -159,6 +162,82 @@ inline void unpack_half(const uint8_t* p, int half, __m256i w[8]) {
     w[2 * t] = _mm256_and_si256(bytes, low_mask);
     w[2 * t + 1] = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low_mask);
   }
+}
+
+// One input row (decode at batch 1) against all 16 lanes at once: both halves share the row's
+// broadcasts and give the core two independent chains, the weights unpacked where they are
+// used. 0.90x the time of two half passes over the default model's 121 linears (2 threads).
+template <bool Fine>
+inline void dot_16_lanes(const uint8_t* p, const int8_t* x, const int8_t* xr, __m256i& s0,
+                         __m256i& s1, __m256i& r0, __m256i& r1) {
+  const __m256i low_mask = _mm256_set1_epi8(0x0F);
+  const int32_t* x4 = reinterpret_cast<const int32_t*>(x);
+  const int32_t* r4 = reinterpret_cast<const int32_t*>(xr);
+  s0 = s1 = r0 = r1 = _mm256_setzero_si256();
+  for (int t = 0; t < 4; ++t) {
+    const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * t));
+    const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * t + 32));
+    const __m256i lo0 = _mm256_and_si256(b0, low_mask), lo1 = _mm256_and_si256(b1, low_mask);
+    const __m256i hi0 = _mm256_and_si256(_mm256_srli_epi16(b0, 4), low_mask);
+    const __m256i hi1 = _mm256_and_si256(_mm256_srli_epi16(b1, 4), low_mask);
+    const __m256i xl = _mm256_set1_epi32(x4[2 * t]), xh = _mm256_set1_epi32(x4[2 * t + 1]);
+    s0 = _mm256_add_epi16(s0, _mm256_add_epi16(_mm256_maddubs_epi16(lo0, xl),
+                                               _mm256_maddubs_epi16(hi0, xh)));
+    s1 = _mm256_add_epi16(s1, _mm256_add_epi16(_mm256_maddubs_epi16(lo1, xl),
+                                               _mm256_maddubs_epi16(hi1, xh)));
+    if constexpr (Fine) {
+      const __m256i rl = _mm256_set1_epi32(r4[2 * t]), rh = _mm256_set1_epi32(r4[2 * t + 1]);
+      r0 = _mm256_add_epi16(r0, _mm256_add_epi16(_mm256_maddubs_epi16(lo0, rl),
+                                                 _mm256_maddubs_epi16(hi0, rh)));
+      r1 = _mm256_add_epi16(r1, _mm256_add_epi16(_mm256_maddubs_epi16(lo1, rl),
+                                                 _mm256_maddubs_epi16(hi1, rh)));
+    }
+  }
+}
+
+template <bool Fine>
+inline __m256 block_value(__m256i sum, __m256i rest) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(sum, ones));
+  if constexpr (Fine)
+    dot = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(rest, ones)),
+                          _mm256_set1_ps(1.f / 254.f), dot);
+  return dot;
+}
+
+template <bool Fine, typename Out>
+void lane_block_one_row(const uint8_t* packed, const uint16_t* sz, const QuantizedRows& xq,
+                        int64_t m0, int64_t k, int64_t group, Out* out, int64_t n) {
+  const int64_t blocks = k / kBlock;
+  const int8_t* q = xq.q + m0 * k;
+  const int8_t* rest = xq.rest + m0 * k;
+  const float* d = xq.scale + m0 * blocks;
+  const float* s = xq.sum + m0 * blocks;
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m256i s0, s1, r0, r1;
+    for (int line = 0; line < 4; ++line)  // past the lane block's end: the next one's lines
+      _mm_prefetch(reinterpret_cast<const char*>(packed + b * 4 * 64 + kPrefetchAhead + 64 * line),
+                   _MM_HINT_T0);
+    dot_16_lanes<Fine>(packed + b * 4 * 64, q + b * kBlock, rest + b * kBlock, s0, s1, r0, r1);
+    const uint16_t* g = sz + (b * kBlock / group) * 2 * kLanes;
+    const __m256 db = _mm256_set1_ps(d[b]), sb = _mm256_set1_ps(s[b]);
+    const __m256 scale0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g)));
+    const __m256 scale1 =
+        _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + 8)));
+    const __m256 zero0 =
+        _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + kLanes)));
+    const __m256 zero1 =
+        _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + kLanes + 8)));
+    acc0 = _mm256_fmadd_ps(block_value<Fine>(s0, r0), _mm256_mul_ps(scale0, db), acc0);
+    acc0 = _mm256_fmadd_ps(zero0, sb, acc0);
+    acc1 = _mm256_fmadd_ps(block_value<Fine>(s1, r1), _mm256_mul_ps(scale1, db), acc1);
+    acc1 = _mm256_fmadd_ps(zero1, sb, acc1);
+  }
+  alignas(32) float lanes[16];
+  _mm256_store_ps(lanes, acc0);
+  _mm256_store_ps(lanes + 8, acc1);
+  store(lanes, 16, out + m0 * n);
 }
 
 template <int Rows, bool Fine, typename Out>
@@ -205,7 +284,11 @@ void rows_of_lane_block(const uint8_t* packed, const uint16_t* sz, const Quantiz
   int64_t m0 = 0;
   for (; m0 + kRowTile <= m; m0 += kRowTile)
     lane_block<kRowTile, Fine>(packed, sz, xq, m0, k, group, out, n);
+#ifdef SWITCHYARD_VNNI
   for (; m0 < m; ++m0) lane_block<1, Fine>(packed, sz, xq, m0, k, group, out, n);
+#else
+  for (; m0 < m; ++m0) lane_block_one_row<Fine>(packed, sz, xq, m0, k, group, out, n);
+#endif
 }
 
 template <typename Out>

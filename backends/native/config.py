@@ -36,6 +36,9 @@ class EngineConfig:
     # CPU, prepacked bf16 weights: our linear kernel where the CPU has AVX-512-BF16
     # (cpu_kernels/bf16_linear.cpp; at least oneDNN's speed at every row count); False: oneDNN
     bf16_linear_kernel: bool = True
+    # CPU, prepacked float32 weights: our AVX2 FMA linear kernel where our kernels run AVX2 code
+    # (cpu_kernels/f32_linear.cpp; 0.64-0.92x oneDNN's time at 1-2048 rows there); False: oneDNN
+    f32_linear_kernel: bool = True
     # CPU, with compile: decode and prompt attention through our C++ kernels (cpu_kernels/
     # paged_attention.cpp, prefill_attention.cpp) where they are built and fit the shapes;
     # False: inductor's code for the decode reductions, torch's SDPA for prompts

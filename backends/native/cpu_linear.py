@@ -23,6 +23,10 @@ Where the CPU has AVX-512-BF16, bf16 weights are packed for our own kernel inste
 every row count it is at least as fast (bench/roofline.py: oneDNN leaves the weight stream and
 the multiply-adds barely overlapped at decode row counts); its sums differ from oneDNN's in
 the last bf16 bit now and then. A plain tensor buffer, it needs no handle and no row buckets.
+Where our kernels run AVX2 code (AVX2-only CPUs, whose engines run float32), float32 weights
+go to our AVX2 FMA kernel the same way (`cpu_kernels/f32_linear.cpp`, `f32_kernel=True`; the
+engine's `f32_linear_kernel`): 0.64-0.75x oneDNN's time at 1-64 rows, 0.92x at 2048. On
+AVX-512 CPUs float32 stays on oneDNN (this kernel's AVX2 code is not measured there).
 """
 
 from __future__ import annotations
@@ -87,9 +91,11 @@ def _(
 
 class PrepackedLinear(nn.Module):
     """An nn.Linear (or FusedLinear: `shards` kept) whose weight is packed once at load: for
-    oneDNN, or with `bf16_kernel` for our bf16 kernel where it runs (`uses_bf16_kernel`)."""
+    oneDNN, or with `bf16_kernel` / `f32_kernel` for our bf16 / float32 kernel where it runs
+    (`uses_bf16_kernel`, `uses_f32_kernel`)."""
 
-    def __init__(self, linear: nn.Module, bf16_kernel: bool = False) -> None:
+    def __init__(self, linear: nn.Module, bf16_kernel: bool = False,
+                 f32_kernel: bool = False) -> None:
         super().__init__()
         weight = linear.weight.detach()
         self.in_features, self.out_features = weight.shape[1], weight.shape[0]
@@ -99,11 +105,12 @@ class PrepackedLinear(nn.Module):
         bias = linear.bias
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
         self._bytes = weight.numel() * weight.element_size()
-        self.kernel = "bf16" if bf16_kernel and uses_bf16_kernel(weight) else "onednn"
+        self.kernel = _kernel_for(weight, bf16_kernel, f32_kernel)
         # Our C++ operators where our kernels are built (no Python in the call), else this file's
         self.native = active_variant() is not None
-        if self.kernel == "bf16":
-            self.register_buffer("packed", pack_for_bf16_kernel(weight), persistent=False)
+        if self.kernel != "onednn":
+            pack = pack_for_bf16_kernel if self.kernel == "bf16" else pack_for_f32_kernel
+            self.register_buffer("packed", pack(weight), persistent=False)
             return
         packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), BATCH_HINT)
         handle = (torch.ops.switchyard_cpu.keep_packed_weight(packed) if self.native
@@ -115,6 +122,8 @@ class PrepackedLinear(nn.Module):
             raise TypeError(f"PrepackedLinear holds {self.dtype} weights, got {x.dtype} input")
         if self.kernel == "bf16":
             return torch.ops.switchyard_cpu.bf16_linear(x, self.packed, self.bias)
+        if self.kernel == "f32":
+            return torch.ops.switchyard_cpu.f32_linear(x, self.packed, self.bias)
         if self.native:
             return torch.ops.switchyard_cpu.prepacked_linear(x, self.handle, self.out_features,
                                                              self.bias)
@@ -125,7 +134,8 @@ class PrepackedLinear(nn.Module):
         return self._bytes
 
     def extra_repr(self) -> str:
-        packing = "packed for our bf16 kernel" if self.kernel == "bf16" else "oneDNN prepacked"
+        packing = ("oneDNN prepacked" if self.kernel == "onednn"
+                   else f"packed for our {self.kernel} kernel")
         return f"in={self.in_features}, out={self.out_features}, {self.dtype}, {packing}"
 
 
@@ -135,6 +145,25 @@ def uses_bf16_kernel(weight: torch.Tensor) -> bool:
     rows, columns = weight.shape
     return weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and \
         rows % 16 == 0 and columns % 2 == 0 and bf16_linear_built()
+
+
+def _kernel_for(weight: torch.Tensor, bf16_kernel: bool, f32_kernel: bool) -> str:
+    if bf16_kernel and uses_bf16_kernel(weight):
+        return "bf16"
+    return "f32" if f32_kernel and uses_f32_kernel(weight) else "onednn"
+
+
+def uses_f32_kernel(weight: torch.Tensor) -> bool:
+    """Our float32 kernel runs this weight: float32, on a CPU where our kernels run their AVX2
+    code, 16 output columns a block."""
+    return weight.dtype == torch.float32 and weight.device.type == "cpu" and \
+        weight.shape[0] % 16 == 0 and active_variant() == "avx2"
+
+
+def pack_for_f32_kernel(weight: torch.Tensor) -> torch.Tensor:
+    """[N, K] -> [N / 16, K, 16]: 16 output columns a block, a k a 64-byte line."""
+    rows, columns = weight.shape
+    return weight.reshape(rows // 16, 16, columns).transpose(1, 2).contiguous()
 
 
 def pack_for_bf16_kernel(weight: torch.Tensor) -> torch.Tensor:
@@ -152,7 +181,7 @@ def can_prepack(device: torch.device, dtype: torch.dtype) -> bool:
     return dtype != torch.bfloat16 or bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
-def prepack_linears(model: nn.Module, bf16_kernel: bool = False) -> int:
+def prepack_linears(model: nn.Module, bf16_kernel: bool = False, f32_kernel: bool = False) -> int:
     """Swap every dense Linear / FusedLinear of `model` (not quantized ones) for a
     PrepackedLinear; returns how many. The tied embedding keeps its own plain weight."""
     targets = [(name, module) for name, module in model.named_modules()
@@ -160,7 +189,8 @@ def prepack_linears(model: nn.Module, bf16_kernel: bool = False) -> int:
     for name, module in targets:
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, attr, PrepackedLinear(module, bf16_kernel).train(module.training))
+        packed = PrepackedLinear(module, bf16_kernel, f32_kernel)
+        setattr(parent, attr, packed.train(module.training))
     return len(targets)
 
 

@@ -85,7 +85,8 @@ def load_model(config: EngineConfig) -> LoadedModel:
             config, checkpoint, cache, quant, max_total, device, dtype)
     if config.prepack_weights and can_prepack(device, dtype):
         with stages.stage("prepack weights"):
-            prepack_linears(model, bf16_kernel=config.bf16_linear_kernel)
+            prepack_linears(model, bf16_kernel=config.bf16_linear_kernel,
+                            f32_kernel=config.f32_linear_kernel)
     if config.attention_kernels and config.compile:
         use_attention_kernels(model, device, dtype, config.block_size)
     with stages.stage("tokenizer") as stage:

@@ -11,13 +11,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from backends.base import SamplingParams
 from backends.cpu_kernels.build import bf16_linear_built
 from backends.native import cpu_linear
-from backends.native.config import EngineConfig
 from backends.native.cpu_linear import PrepackedLinear, pack_for_bf16_kernel
-from backends.native.engine import LLMEngine
 from backends.quantized.resident import resident_bytes
+from tests.native.linear_kernel_engine import kernels_and_tokens
 
 pytestmark = pytest.mark.skipif(
     not bf16_linear_built(), reason="this CPU has no AVX-512-BF16 (or our kernels are off): "
@@ -141,14 +139,6 @@ def test_compiles_as_an_opaque_op() -> None:
 
 
 def test_engine_tokens_do_not_change(tiny_model: Callable[[str], Path]) -> None:
-    greedy = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
-    prompts = [[5, 6, 7, 8, 9] * 6, [11, 12, 13]]
-    outputs, kernels = [], []
-    for ours in (False, True):
-        engine = LLMEngine(EngineConfig(model=str(tiny_model("llama_gqa")), dtype="bfloat16",
-                                        compile=False, bf16_linear_kernel=ours,
-                                        max_total_tokens=128))
-        kernels.append(engine.loaded.model.model.layers[0].mlp.gate_up_proj.kernel)
-        outputs.append([s.output_token_ids for s in engine.generate(prompts, greedy)])
+    kernels, outputs = kernels_and_tokens(tiny_model("llama_gqa"), "bfloat16", "bf16_linear_kernel")
     assert kernels == ["onednn", "bf16"]
     assert outputs[0] == outputs[1]

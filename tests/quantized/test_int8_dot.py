@@ -79,7 +79,8 @@ TOLERANCE = {(False, torch.float32): 0.02, (True, torch.float32): 0.002,
 
 def check_products() -> str:
     """q4_mm against float64 over row counts around the kernel's 8-row tiles, groups 32-128,
-    float32 and bf16 inputs, one and two int8 passes."""
+    float32 and bf16 inputs, one and two int8 passes; a row alone (decode at batch 1, its own
+    code) gives the bits it gets inside an 8-row tile."""
     variant = active_variant()
     assert variant is not None, "the int8-dot kernels did not build here"
     for seed, (n, k, group) in enumerate([(64, 256, 32), (48, 512, 128), (16, 96, 32)]):
@@ -94,6 +95,9 @@ def check_products() -> str:
                 want = x.double() @ weight.t()
                 diff = (got.double() - want).abs().max().item()
                 assert diff <= tol * want.abs().max().item(), (n, k, group, rows, fine, dtype)
+                alone = torch.ops.switchyard_cpu.q4_mm(x[3:4].contiguous(), packed, scale_zero,
+                                                       group, fine)
+                assert rows < 8 or torch.equal(alone[0], got[3]), "a row alone != in a tile"
     check_dequantization()
     return variant
 

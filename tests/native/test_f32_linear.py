@@ -1,0 +1,132 @@
+"""Our AVX2 FMA float32 linear (cpu_kernels/f32_linear.cpp) against a float64 reference,
+through PrepackedLinear, compiled, and in the engine. The operator is AVX2 code, built into
+both variants of our kernels, so it is tested wherever they build; the engine picks it only
+where they run their AVX2 code (patched here on AVX-512 machines)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from backends.cpu_kernels.build import active_variant
+from backends.native import cpu_linear
+from backends.native.cpu_linear import PrepackedLinear, pack_for_f32_kernel
+from tests.native.linear_kernel_engine import kernels_and_tokens
+
+pytestmark = pytest.mark.skipif(active_variant() is None,
+                                reason="our CPU kernels do not build here")
+
+
+@pytest.fixture
+def avx2_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine's choice as on an AVX2-only CPU, whatever this one is."""
+    monkeypatch.setattr(cpu_linear, "active_variant", lambda: "avx2")
+
+
+def _weights(n: int, k: int, bias: bool, seed: int = 0,
+             ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    generator = torch.Generator().manual_seed(seed)
+    weight = torch.randn(n, k, generator=generator)
+    return weight, (torch.randn(n, generator=generator) if bias else None)
+
+
+def _assert_close_to_float64(got: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                             bias: torch.Tensor | None) -> None:
+    """Within a float32 sum of K products: K roundings of 2^-24 of the magnitudes (x2)."""
+    exact = x.double() @ weight.double().t()
+    magnitude = x.double().abs() @ weight.double().abs().t()
+    if bias is not None:
+        exact, magnitude = exact + bias.double(), magnitude + bias.double().abs()
+    error = (got.double() - exact).abs()
+    allowed = magnitude * (x.shape[-1] + 1) * 2.0**-23
+    assert got.dtype == torch.float32 and got.shape == exact.shape
+    assert bool((error <= allowed).all()), f"worst excess {(error - allowed).max().item():.3g}"
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5, 6, 7, 12, 13, 64, 333])
+@pytest.mark.parametrize(("n", "k"), [(16, 1), (48, 96), (80, 768), (2304, 768)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_matches_float64(rows: int, n: int, k: int, bias: bool) -> None:
+    weight, b = _weights(n, k, bias)
+    x = torch.randn(rows, k)
+    got = torch.ops.switchyard_cpu.f32_linear(x, pack_for_f32_kernel(weight), b)
+    _assert_close_to_float64(got, x, weight, b)
+
+
+def test_leading_dimensions_are_kept() -> None:
+    weight, bias = _weights(32, 40, bias=True)
+    x = torch.randn(3, 5, 40)
+    got = torch.ops.switchyard_cpu.f32_linear(x, pack_for_f32_kernel(weight), bias)
+    assert got.shape == (3, 5, 32)
+    _assert_close_to_float64(got.reshape(15, 32), x.reshape(15, 40), weight, bias)
+
+
+@pytest.mark.parametrize("rows", [7, 100, 333])
+def test_rows_split_where_output_columns_are_few(rows: int) -> None:
+    """With more threads than column blocks, rows are dealt out in chunks too."""
+    weight, bias = _weights(48, 96, bias=True)  # three blocks
+    x = torch.randn(rows, 96)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(8)
+    try:
+        got = torch.ops.switchyard_cpu.f32_linear(x, pack_for_f32_kernel(weight), bias)
+    finally:
+        torch.set_num_threads(threads)
+    _assert_close_to_float64(got, x, weight, bias)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (lambda w, x: (x.double(), w, None), "must be float32"),
+    (lambda w, x: (x, w.reshape(-1), None), r"contiguous \[N / 16, K, 16\]"),
+    (lambda w, x: (x[:, :32], w, None), "x has 32 features, the weight 64"),
+    (lambda w, x: (x, w, torch.zeros(31)), r"float32 \[32\]"),
+])
+def test_malformed_calls_are_refused(args: Callable, message: str) -> None:
+    weight, _ = _weights(32, 64, bias=False)
+    x = torch.randn(4, 64)
+    with pytest.raises(RuntimeError, match=message):
+        torch.ops.switchyard_cpu.f32_linear(*args(pack_for_f32_kernel(weight), x))
+
+
+def _linear(n: int, k: int, bias: bool = True) -> nn.Linear:
+    torch.manual_seed(0)
+    return nn.Linear(k, n, bias=bias)
+
+
+def test_prepacked_linear_takes_it_where_the_shape_fits(avx2_kernels: None) -> None:
+    fits, odd = _linear(160, 96), _linear(20, 96)  # 20 output columns: not blocks of 16
+    x = torch.randn(5, 96)
+    with torch.inference_mode():
+        ours = PrepackedLinear(fits, f32_kernel=True)
+        fallback = PrepackedLinear(odd, f32_kernel=True)
+        assert (ours.kernel, fallback.kernel) == ("f32", "onednn")
+        assert PrepackedLinear(fits).kernel == "onednn"  # only when asked
+        assert not cpu_linear.uses_f32_kernel(fits.weight.detach().to(torch.bfloat16))
+        _assert_close_to_float64(ours(x), x, fits.weight, fits.bias)
+        torch.testing.assert_close(fallback(x), F.linear(x, odd.weight, odd.bias))
+
+
+def test_not_taken_where_our_kernels_run_avx512_code(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cpu_linear, "active_variant", lambda: "avx512-vnni")
+    assert PrepackedLinear(_linear(160, 96), f32_kernel=True).kernel == "onednn"
+
+
+def test_compiles_as_an_opaque_op(avx2_kernels: None) -> None:
+    packed = PrepackedLinear(_linear(160, 96), f32_kernel=True)
+    compiled = torch.compile(lambda x: torch.relu(packed(x)), dynamic=True, fullgraph=True)
+    with torch.inference_mode():
+        for rows in (3, 9, 40):
+            x = torch.randn(rows, 96)
+            assert torch.equal(compiled(x), torch.relu(packed(x)))
+
+
+def test_engine_tokens_do_not_change(tiny_model: Callable[[str], Path],
+                                     avx2_kernels: None) -> None:
+    kernels, outputs = kernels_and_tokens(tiny_model("llama_gqa"), "float32", "f32_linear_kernel")
+    assert kernels == ["onednn", "f32"]
+    assert outputs[0] == outputs[1]
