@@ -15,27 +15,25 @@ from backends.cpu_kernels.build import bf16_linear_built
 from backends.native import cpu_linear
 from backends.native.cpu_linear import PrepackedLinear, pack_for_bf16_kernel
 from backends.quantized.resident import resident_bytes
-from tests.native.linear_kernel_engine import kernels_and_tokens
+from tests.native.linear_kernel_checks import (
+    float64_reference,
+    kernels_and_tokens,
+    random_weights,
+)
 
 pytestmark = pytest.mark.skipif(
     not bf16_linear_built(), reason="this CPU has no AVX-512-BF16 (or our kernels are off): "
     "bf16 linears stay on oneDNN, which test_cpu_linear.py covers")
 
 
-def _weights(n: int, k: int, bias: bool, seed: int = 0,
-             ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    generator = torch.Generator().manual_seed(seed)
-    weight = torch.randn(n, k, generator=generator).to(torch.bfloat16)
-    return weight, (torch.randn(n, generator=generator).to(torch.bfloat16) if bias else None)
+def _weights(n: int, k: int, bias: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    return random_weights(n, k, bias, torch.bfloat16)
 
 
 def _assert_close_to_float64(got: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
                              bias: torch.Tensor | None) -> None:
     """Within bf16's rounding of the exact result (2^-9 relative) plus float32 summation."""
-    exact = x.double() @ weight.double().t()
-    magnitude = x.double().abs() @ weight.double().abs().t()
-    if bias is not None:
-        exact, magnitude = exact + bias.double(), magnitude + bias.double().abs()
+    exact, magnitude = float64_reference(x, weight, bias)
     error = (got.double() - exact).abs()
     allowed = exact.abs() * 2.0**-8 + magnitude * 2.0**-20
     assert got.dtype == torch.bfloat16 and got.shape == exact.shape

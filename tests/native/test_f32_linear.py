@@ -16,7 +16,11 @@ from torch import nn
 from backends.cpu_kernels.build import active_variant
 from backends.native import cpu_linear
 from backends.native.cpu_linear import PrepackedLinear, pack_for_f32_kernel
-from tests.native.linear_kernel_engine import kernels_and_tokens
+from tests.native.linear_kernel_checks import (
+    float64_reference,
+    kernels_and_tokens,
+    random_weights,
+)
 
 pytestmark = pytest.mark.skipif(active_variant() is None,
                                 reason="our CPU kernels do not build here")
@@ -28,20 +32,14 @@ def avx2_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cpu_linear, "active_variant", lambda: "avx2")
 
 
-def _weights(n: int, k: int, bias: bool, seed: int = 0,
-             ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    generator = torch.Generator().manual_seed(seed)
-    weight = torch.randn(n, k, generator=generator)
-    return weight, (torch.randn(n, generator=generator) if bias else None)
+def _weights(n: int, k: int, bias: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    return random_weights(n, k, bias, torch.float32)
 
 
 def _assert_close_to_float64(got: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
                              bias: torch.Tensor | None) -> None:
     """Within a float32 sum of K products: K roundings of 2^-24 of the magnitudes (x2)."""
-    exact = x.double() @ weight.double().t()
-    magnitude = x.double().abs() @ weight.double().abs().t()
-    if bias is not None:
-        exact, magnitude = exact + bias.double(), magnitude + bias.double().abs()
+    exact, magnitude = float64_reference(x, weight, bias)
     error = (got.double() - exact).abs()
     allowed = magnitude * (x.shape[-1] + 1) * 2.0**-23
     assert got.dtype == torch.float32 and got.shape == exact.shape
