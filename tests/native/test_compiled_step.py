@@ -36,36 +36,22 @@ def _greedy(n: int) -> SamplingParams:
     return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
 
 
-class StepCounter:
-    """Counts the steps that ran through the compiled graph."""
+class RegionCounter:
+    """Counts the calls of one of the compiled step's regions: `_logits_of` runs once a step
+    that goes through the graphs; `_layer` and `_logits` are dynamo's entries (not a direct
+    call of a recorded graph)."""
 
-    def __init__(self, engine: LLMEngine) -> None:
+    def __init__(self, engine: LLMEngine, region: str) -> None:
         step = engine.runner.decode_step
         assert step is not None
         self.calls = 0
-        inner = step._logits
+        inner = getattr(step, region)
 
         def counted(*args: Any) -> torch.Tensor:
             self.calls += 1
             return inner(*args)
 
-        step._logits = counted
-
-
-class LayerCounter:
-    """Counts the layer calls that went through dynamo (not straight to a recorded graph)."""
-
-    def __init__(self, engine: LLMEngine) -> None:
-        step = engine.runner.decode_step
-        assert step is not None
-        self.calls = 0
-        inner = step._layer
-
-        def counted(*args: Any) -> torch.Tensor:
-            self.calls += 1
-            return inner(*args)
-
-        step._layer = counted
+        setattr(step, region, counted)
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +96,7 @@ def test_a_mixed_step_of_new_proportions_compiles_nothing(
 @pytest.mark.parametrize("batch", [1, 2, 3, 5, 8, 13])
 def test_same_tokens_as_eager(engines: tuple[LLMEngine, LLMEngine], batch: int) -> None:
     compiled, eager = engines
-    counter = StepCounter(compiled)
+    counter = RegionCounter(compiled, "_logits_of")
     graphs = compiled.runner.decode_step.num_graphs
     prompts = _prompts(batch, seed=batch)
     assert _outputs(compiled, prompts, _greedy(24)) == _outputs(eager, prompts, _greedy(24))
@@ -125,13 +111,27 @@ def test_later_steps_of_a_shape_call_the_layer_graphs_directly(
     their graphs; the shape's later steps call those graphs directly, same tokens."""
     compiled, eager = engines
     step = compiled.runner.decode_step
-    steps, through_dynamo = StepCounter(compiled), LayerCounter(compiled)
+    steps, through_dynamo = RegionCounter(compiled, "_logits_of"), RegionCounter(compiled, "_layer")
     shapes = len(step._direct)
     prompts = _prompts(4, seed=21)
     assert _outputs(compiled, prompts, _greedy(24)) == _outputs(eager, prompts, _greedy(24))
     new_shapes = len(step._direct) - shapes
     assert 0 < new_shapes < steps.calls
     assert through_dynamo.calls == len(compiled.runner.model.model.layers) * new_shapes
+
+
+def test_later_steps_of_a_batch_size_call_the_logits_graph_directly(
+    engines: tuple[LLMEngine, LLMEngine],
+) -> None:
+    compiled, eager = engines
+    step = compiled.runner.decode_step
+    steps = RegionCounter(compiled, "_logits_of")
+    through_dynamo = RegionCounter(compiled, "_logits")
+    batch_sizes = len(step._direct_logits)
+    prompts = _prompts(6, seed=23)
+    assert _outputs(compiled, prompts, _greedy(24)) == _outputs(eager, prompts, _greedy(24))
+    assert steps.calls >= 20
+    assert through_dynamo.calls == len(step._direct_logits) - batch_sizes >= 1
 
 
 def test_the_compiler_notes_the_graph_that_ran() -> None:
