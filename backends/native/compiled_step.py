@@ -18,7 +18,9 @@ model's batch-1 step. So the first step of each (batch, blocks) shape runs the l
 dynamo and records which compiled graph each layer ran; later steps of that shape call those
 graphs directly, reading their inputs by the sources dynamo traced them from. The same shape
 passes the same guards (everything else they check is fixed for the engine's life), so a
-direct call runs the graph dynamo would have picked.
+direct call runs the graph dynamo would have picked. The logits region is called the same
+way per batch size (its entry cost ~0.2 ms a step); the embedding region, whose outputs
+dynamo rebuilds into a DecodeMetadata, still goes through dynamo.
 """
 
 from __future__ import annotations
