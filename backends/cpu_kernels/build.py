@@ -3,6 +3,7 @@ torch.compile already needs) into one shared library and loaded as torch operato
 process:
 
     switchyard_cpu::q4_mm             int8_dot.cpp: 4-bit weights x int8 inputs
+    switchyard_cpu::q8_mm             q8_dot.cpp: 8-bit weights (GGUF Q8_0) x int16 inputs
     switchyard_cpu::q4_dequantize_kn  int4_dequant.cpp: the same weights as a dense [K, N]
     switchyard_cpu::paged_decode_attention  paged_attention.cpp: decode rows over KV blocks
     switchyard_cpu::paged_prefill_attention  prefill_attention.cpp: a prompt chunk, causal
@@ -42,6 +43,7 @@ log = logging.getLogger(__name__)
 # Each source with its own extra flags (e.g. -ffast-math where exp loops should vectorise).
 SOURCES: dict[Path, tuple[str, ...]] = {
     Path(__file__).with_name("int8_dot.cpp"): (),
+    Path(__file__).with_name("q8_dot.cpp"): (),
     Path(__file__).with_name("int4_dequant.cpp"): (),
     Path(__file__).with_name("paged_attention.cpp"): (),
     Path(__file__).with_name("prefill_attention.cpp"): (),
@@ -175,6 +177,10 @@ def _register_fake() -> None:
     @torch.library.register_fake("switchyard_cpu::q4_mm")
     def _q4_mm(x: torch.Tensor, packed: torch.Tensor, scale_zero: torch.Tensor,
                group_size: int, fine: bool) -> torch.Tensor:
+        return x.new_empty(x.shape[0], packed.shape[0] * 16)
+
+    @torch.library.register_fake("switchyard_cpu::q8_mm")
+    def _q8_mm(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
         return x.new_empty(x.shape[0], packed.shape[0] * 16)
 
     @torch.library.register_fake("switchyard_cpu::q4_dequantize_kn")

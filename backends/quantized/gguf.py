@@ -1,5 +1,6 @@
-"""GGUF tensors kept quantized: Q4_0 / Q4_1 / Q4_K as int4 (group 32), Q8_0 as two int4
-halves; any other type (Q6_K, Q5_*, F16, ...) is dequantized by the gguf package at load.
+"""GGUF tensors kept quantized: Q4_0 / Q4_1 / Q4_K as int4 (group 32), Q8_0 as 8-bit for our
+AVX2 kernel (`q8_linear.py`) or else as two int4 halves; any other type (Q6_K, Q5_*, F16, ...)
+is dequantized by the gguf package at load.
 
 Block layouts (ggml), per 32 weights unless said: Q4_0 = fp16 d + 16 bytes of nibbles
 (w = (q - 8) d); Q4_1 = fp16 d, fp16 m + nibbles (w = q d + m); Q8_0 = fp16 d + 32 int8
@@ -18,6 +19,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import Q4_K, dequantize
 from torch import nn
 
+from backends.quantized import q8_linear
 from backends.quantized.affine import AffineInt4, AffineInt8
 from backends.quantized.config import GGUFConfig, QuantizationError
 from backends.quantized.int4_linear import int4_kernel_name
@@ -82,11 +84,15 @@ def affine_q4_1(raw: GGUFRaw) -> AffineInt4:
     return AffineInt4(_nibbles32(b[..., 4:]), d, m + 8 * d, 32)
 
 
-def affine_q8_0(raw: GGUFRaw) -> AffineInt4:
+def q8_0_values(raw: GGUFRaw) -> tuple[torch.Tensor, torch.Tensor]:
+    """int8 [N, K] and float32 scales [N, K / 32]: w = q * scale."""
     b = _blocks(raw, 34)
-    d = _f16(b[..., 0:2])
-    q = (b[..., 2:].view(torch.int8).to(torch.int16) + 128).to(torch.uint8)
-    q = q.reshape(q.shape[0], -1)
+    return b[..., 2:].contiguous().view(torch.int8).reshape(b.shape[0], -1), _f16(b[..., 0:2])
+
+
+def affine_q8_0(raw: GGUFRaw) -> AffineInt4:
+    q, d = q8_0_values(raw)
+    q = (q.to(torch.int16) + 128).to(torch.uint8)
     return AffineInt8(q, d, torch.full_like(d, 128.0), 32).as_int4_halves()
 
 
@@ -121,7 +127,9 @@ class GGUFWeightsLoader:
 
     def kernel(self, device: torch.device, dtype: torch.dtype) -> str:
         kept = "/".join(t.name for t in KEPT_TYPES)
-        return f"{kept}: {int4_kernel_name(device)}; other types dequantized at load"
+        q8 = (f"; Q8_0: {q8_linear.q8_kernel_name()}"
+              if q8_linear.available(device, dtype) else "")
+        return f"{kept}: {int4_kernel_name(device)}{q8}; other types dequantized at load"
 
     def build(self, spec: LinearSpec, parts: list[Parts]) -> nn.Module:
         bias = fused_bias(spec, parts)
@@ -133,6 +141,12 @@ class GGUFWeightsLoader:
                     f"{(out, spec.in_features)}"
                 )
         kept = [isinstance(w, GGUFRaw) and w.qtype in KEPT_TYPES for w in weights]
+        if all(isinstance(w, GGUFRaw) and w.qtype == T.Q8_0 for w in weights) and \
+                q8_linear.runs_here(spec.out_features, spec.in_features, spec.device, spec.dtype):
+            values = [q8_0_values(w) for w in weights]  # type: ignore[arg-type]
+            return q8_linear.Q8Linear(torch.cat([q for q, _ in values]),
+                                      torch.cat([d for _, d in values]), bias, spec.device,
+                                      spec.dtype, spec.shards)
         if all(kept):
             return build_int4(spec, [affine(w) for w in weights], bias)  # type: ignore[arg-type]
         if any(kept):  # mixed types (e.g. Q4_K_M files): each shard on its own

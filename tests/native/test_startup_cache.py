@@ -149,6 +149,8 @@ def test_cached_weights_give_identical_logits(tmp_path: Path, tiny_gguf: Path) -
     tokens, logits = native_greedy(warm, prompt)
     assert tokens == want_tokens
     assert torch.equal(logits, want_logits)  # the same packed bytes: bit-identical
+    restored = [t for t in warm.loaded.model.state_dict().values() if t.numel()]
+    assert all(t.data_ptr() % 64 == 0 for t in restored)  # else GEMVs sum in another order
     attn = warm.loaded.model.model.layers[0].self_attn
     assert isinstance(attn.qkv_proj, ShardedLinear)  # Q4_K q/k beside a Q5_1 v
     assert isinstance(attn.qkv_proj.parts[0], Int4Linear)

@@ -9,8 +9,10 @@ import sys
 
 import torch
 
+from backends.cpu_kernels.build import active_variant
 from backends.quantized.embedding import PackedEmbedding
 from backends.quantized.int4_linear import Int4Linear
+from backends.quantized.q8_linear import Q8Linear
 from tests.quantized.helpers import make_engine, native_greedy
 
 PROMPT = [{"role": "user", "content": "Name the largest planet in the solar system."}]
@@ -29,9 +31,11 @@ def run(dtype: str, quantize: str | None = None) -> dict[str, object]:
     return {
         "tokens": tokens, "logits": logits, "weight_bytes": engine.loaded.weight_bytes,
         "quantization": engine.loaded.quantization,
-        "packed": isinstance(model.lm_head, Int4Linear)
+        "packed": isinstance(model.lm_head, (Int4Linear, Q8Linear))
         and isinstance(model.model.embed_tokens, PackedEmbedding),
+        "lm_head": type(model.lm_head).__name__,
         "capability": torch.backends.cpu.get_cpu_capability(),
+        "kernels": active_variant(),
     }
 
 

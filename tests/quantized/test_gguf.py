@@ -17,10 +17,12 @@ import torch
 from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
+from backends.quantized import q8_linear
 from backends.quantized.embedding import PackedEmbedding
-from backends.quantized.gguf import GGUFRaw, affine
+from backends.quantized.gguf import GGUFRaw, affine, q8_0_values
 from backends.quantized.int4_linear import DENSE_MIN_ROWS, Int4Linear
 from backends.quantized.linear import DenseLinear, ShardedLinear
+from backends.quantized.q8_linear import Q8Linear
 from tests.quantized import default_model_check
 from tests.quantized.gguf_files import blocks, write_tiny_gguf
 from tests.quantized.helpers import (
@@ -68,6 +70,23 @@ def test_int4_kernel_matches_dequantized_matmul(qtype: GGMLQuantizationType) -> 
         want = x.double() @ raw.dense().double().t()
         diff = (module(x).double() - want).abs().max().item()
         assert diff <= 1e-2 * want.abs().max().item(), (rows, diff)
+
+
+def test_q8_0_kept_8_bit_matches_gguf_dequantization() -> None:
+    """Q8_0 blocks as int8 + scales (our AVX2 kernel's form) are gguf's values exactly, and
+    the kernel's products are within its int16-input error of them."""
+    values = np.random.default_rng(3).normal(0, 0.1, (64, 256)).astype(np.float32)
+    raw = _raw(values, T.Q8_0)
+    q, scale = q8_0_values(raw)
+    want = raw.dense()
+    assert torch.equal((q.float().view(64, -1, 32) * scale.unsqueeze(-1)).view(64, 256), want)
+    if not q8_linear.available(torch.device("cpu"), torch.float32):
+        pytest.skip("the Q8_0 kernel runs where our kernels run their AVX2 code")
+    module = Q8Linear(q, scale, None, torch.device("cpu"), torch.float32)
+    x = torch.randn(5, 256, generator=torch.Generator().manual_seed(5))
+    reference = x.double() @ want.double().t()
+    assert (module(x).double() - reference).abs().max().item() <= \
+        5e-4 * reference.abs().max().item()
 
 
 MIXED = {"attn_v": T.Q5_1, "ffn_down": T.Q8_0, "attn_output": T.F16}
@@ -123,8 +142,10 @@ def test_kept_quantized_matches_gguf_dequantization(tiny_gguf) -> None:
         assert isinstance(attn.o_proj, DenseLinear)
     else:
         assert isinstance(attn.qkv_proj, Int4Linear)
-    # the tied Q8_0 token_embd: one packed copy serves the lm_head and the lookups
-    assert isinstance(kept.loaded.model.lm_head, Int4Linear)
+    # the tied Q8_0 token_embd: one packed copy serves the lm_head and the lookups, 8-bit
+    # where our AVX2 kernel runs, else two int4 halves
+    q8 = q8_linear.available(torch.device("cpu"), torch.float32)
+    assert isinstance(kept.loaded.model.lm_head, Q8Linear if q8 else Int4Linear)
     assert isinstance(kept.loaded.model.model.embed_tokens, PackedEmbedding)
 
 
@@ -159,6 +180,8 @@ def test_default_model_kept_packed_with_avx2_packing(
 def _check_default_model(got: dict, dense: dict, path: str, dtype: str) -> None:
     assert got["quantization"] == "gguf (kept quantized)"
     assert got["packed"], "the tied embedding is not read from the packed lm_head"
+    # 8-bit where our kernels run AVX2 code (so in the avx2 child on any CPU), else halves
+    assert got["lm_head"] == ("Q8Linear" if got["kernels"] == "avx2" else "Int4Linear")
     assert got["tokens"] == dense["tokens"]
     diff = (got["logits"] - dense["logits"]).abs().max().item()
     assert diff <= DEFAULT_TOLERANCE[dtype], f"{dtype}: max logit difference {diff:.3f}"
