@@ -72,7 +72,8 @@ def main() -> None:
         timed = {"halves": [], "q8": []}
         for _ in range(3):  # alternate: the machine's speed drifts
             for name, module in (("halves", halves), ("q8", q8)):
-                timed[name].append(cold_median_ms(lambda m=module, x=x: m(x), lambda: scratch.add_(1),
+                flush = lambda: scratch.add_(1)  # noqa: E731
+                timed[name].append(cold_median_ms(lambda m=module, x=x: m(x), flush,
                                                   args.rounds // 3))
         row.update({f"{name}_ms": statistics.median(v) for name, v in timed.items()})
         print(f"rows {rows:3d}: halves {row['halves_ms']:.2f} ms | q8 {row['q8_ms']:.2f} ms | "
