@@ -9,6 +9,8 @@ process:
     switchyard_cpu::paged_prefill_attention  prefill_attention.cpp: a prompt chunk, causal
     switchyard_cpu::prepacked_linear  prepacked_linear.cpp: cpu_linear.py's oneDNN call
     switchyard_cpu::bf16_linear       bf16_linear.cpp: dense bf16 linears (AVX-512-BF16 only)
+    switchyard_cpu::f32_linear        f32_linear.cpp: dense float32 linears (AVX2 only)
+    switchyard_cpu::row_argmax        row_argmax.cpp: greedy sampling's argmax per row
 
 The library is cached under the cache directory (`SWITCHYARD_CACHE_DIR`, default
 `~/.cache/switchyard`) in `kernels/`, named by everything that goes into it; a build takes
@@ -50,6 +52,7 @@ SOURCES: dict[Path, tuple[str, ...]] = {
     Path(__file__).with_name("prepacked_linear.cpp"): (),
     Path(__file__).with_name("bf16_linear.cpp"): (),
     Path(__file__).with_name("f32_linear.cpp"): (),
+    Path(__file__).with_name("row_argmax.cpp"): (),
 }
 # Sources with code for an extension only some CPUs of a variant have: its flag is added where
 # the CPU has it (else the source builds its operators as refusing stubs).

@@ -13,6 +13,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <c10/util/BFloat16.h>
 #include <immintrin.h>
 #include <torch/library.h>
 
@@ -35,8 +36,57 @@ struct QuantizedRows {
   float* sum;     // [M, K / 32]: the block's sum of x, for the zero term
 };
 
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const c10::BFloat16* p) {
+  const __m128i half = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
+}
+
+inline float horizontal(__m256 v, __m128 (*op)(__m128, __m128)) {
+  __m128 r = op(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  r = op(r, _mm_movehl_ps(r, r));
+  return _mm_cvtss_f32(op(r, _mm_movehdup_ps(r)));
+}
+
+inline __m128 max4(__m128 a, __m128 b) { return _mm_max_ps(a, b); }
+inline __m128 add4(__m128 a, __m128 b) { return _mm_add_ps(a, b); }
+
+// Four vectors of whole numbers in -128..127 -> 32 int8 in order.
+inline void store_int8(int8_t* out, const __m256 v[4]) {
+  const __m256i words0 = _mm256_packs_epi32(_mm256_cvtps_epi32(v[0]), _mm256_cvtps_epi32(v[1]));
+  const __m256i words1 = _mm256_packs_epi32(_mm256_cvtps_epi32(v[2]), _mm256_cvtps_epi32(v[3]));
+  const __m256i bytes = _mm256_packs_epi16(words0, words1);  // 4-byte groups 0 2 4 6 1 3 5 7
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
+                      _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+}
+
+// One 32-column block: scale = amax / 127, q = round(x / scale) (to nearest, ties to even, as
+// std::nearbyint), rest = round((x / scale - q) * 254); returns the block's sum of x. A scalar
+// loop here cost ~3 us a call at the default model's 576 columns (~0.35 ms of a batch-1 step).
 template <typename T>
-float to_float(T v) { return static_cast<float>(v); }
+inline float quantize_block(const T* row, bool fine, int8_t* q, int8_t* rest, float* scale) {
+  constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  __m256 v[4], amax = _mm256_setzero_ps(), total = _mm256_setzero_ps();
+  for (int c = 0; c < 4; ++c) {
+    v[c] = load8(row + 8 * c);
+    amax = _mm256_max_ps(_mm256_and_ps(v[c], magnitude), amax);  // a NaN keeps amax
+    total = _mm256_add_ps(total, v[c]);
+  }
+  const float d = horizontal(amax, max4) / 127.f, inv = d > 0.f ? 1.f / d : 0.f;
+  __m256 scaled[4], rounded[4], residue[4];
+  for (int c = 0; c < 4; ++c) {
+    scaled[c] = _mm256_mul_ps(v[c], _mm256_set1_ps(inv));
+    rounded[c] = _mm256_round_ps(scaled[c], kRound);
+    if (fine)
+      residue[c] = _mm256_round_ps(
+          _mm256_mul_ps(_mm256_sub_ps(scaled[c], rounded[c]), _mm256_set1_ps(254.f)), kRound);
+  }
+  store_int8(q, rounded);
+  if (fine) store_int8(rest, residue);
+  *scale = d;
+  return horizontal(total, add4);
+}
 
 template <typename T>
 QuantizedRows quantize_rows(const at::Tensor& x, bool fine) {
@@ -50,29 +100,10 @@ QuantizedRows quantize_rows(const at::Tensor& x, bool fine) {
   out.q = reinterpret_cast<int8_t*>(out.sum + m * blocks);
   out.rest = out.q + m * k;
   const T* src = x.data_ptr<T>();
-  int8_t* q = out.q;
-  int8_t* rest = out.rest;
-  float* scale = out.scale;
-  float* sum = out.sum;
   at::parallel_for(0, m * blocks, 64, [&](int64_t begin, int64_t end) {
-    float values[kBlock];
-    for (int64_t i = begin; i < end; ++i) {
-      const T* row = src + i * kBlock;  // blocks are contiguous: row-major [M, K]
-      float amax = 0.f;
-      for (int64_t j = 0; j < kBlock; ++j) {
-        values[j] = to_float(row[j]);
-        amax = std::max(amax, std::fabs(values[j]));
-      }
-      const float d = amax / 127.f, inv = d > 0.f ? 1.f / d : 0.f;
-      float total = 0.f;
-      for (int64_t j = 0; j < kBlock; ++j) {
-        const float scaled = values[j] * inv, v = std::nearbyint(scaled);
-        q[i * kBlock + j] = static_cast<int8_t>(v);
-        if (fine) rest[i * kBlock + j] = static_cast<int8_t>(std::nearbyint((scaled - v) * 254.f));
-        total += values[j];
-      }
-      scale[i] = d;
-      sum[i] = total;
+    for (int64_t i = begin; i < end; ++i) {  // blocks are contiguous: row-major [M, K]
+      out.sum[i] = quantize_block(src + i * kBlock, fine, out.q + i * kBlock,
+                                  out.rest + i * kBlock, out.scale + i);
     }
   });
   return out;

@@ -199,6 +199,68 @@ void attend_sequence(const Shape& s, const T* q, const T* k_cache, const T* v_ca
   for (int64_t h = first; h < last; ++h) finish_group<T, NV>(group, state(h), out + h * group * d);
 }
 
+// Kv head h of one sequence over blocks [j0, j1) into `st`, left unnormalised (max, total and
+// acc as the online softmax has them) for merge_parts.
+template <typename T, int NV>
+void attend_part(const Shape& s, const T* q, const T* k_cache, const T* v_cache,
+                 const int64_t* table, const float* mask, int64_t h, int64_t j0, int64_t j1,
+                 GroupState& st) {
+  const int64_t group = s.heads / s.kv_heads, d = NV * kWidth, bs = s.block_size, tile = bs * d;
+  start_group<T, NV>(s, group, q + h * group * d, st);
+  for (int64_t j = j0; j < j1; ++j) {
+    const float* block_mask = mask + j * bs;
+    if (std::all_of(block_mask, block_mask + bs, [](float m) { return m == kNegInf; })) continue;
+    const int64_t block = table[j] * s.kv_heads * tile + h * tile;
+    score_block<T, NV>(s, group, k_cache + block, block_mask, st);
+    softmax_update<NV>(s, group, st);
+    accumulate_values<T, NV>(s, group, v_cache + block, st);
+  }
+}
+
+// The parts of one kv head's query group, each over its own blocks, into one output.
+template <typename T, int NV>
+void merge_parts(int64_t group, GroupState* parts, int64_t count, T* out) {
+  constexpr int64_t d = NV * kWidth;
+  for (int64_t g = 0; g < group; ++g) {
+    float top = kNegInf;
+    for (int64_t p = 0; p < count; ++p) top = std::max(top, parts[p].max[g]);
+    float total = 0.0f;
+    float acc[d] = {};
+    for (int64_t p = 0; p < count; ++p) {
+      if (parts[p].max[g] == kNegInf) continue;  // nothing attended in this part
+      const float weight = std::exp(parts[p].max[g] - top);
+      total += parts[p].total[g] * weight;
+      for (int64_t i = 0; i < d; ++i) acc[i] += parts[p].acc[g * d + i] * weight;
+    }
+    const float inverse = total > 0.0f ? 1.0f / total : 0.0f;
+    for (int64_t i = 0; i < d; ++i) out[g * d + i] = static_cast<T>(acc[i] * inverse);
+  }
+}
+
+// Fewer (sequence, kv head) pairs than two per thread (batch 1 of a model with few kv heads:
+// the default model's 3 on 2 threads ran 2:1): each pair's blocks are split into parts too,
+// flash-decoding style, and the parts merged after.
+template <typename T, int NV>
+void run_split(const Shape& s, const T* qp, const T* kp, const T* vp, const int64_t* tp,
+               const float* mp, int64_t batch, int64_t parts, T* op) {
+  const int64_t group = s.heads / s.kv_heads, d = NV * kWidth, bs = s.block_size;
+  const int64_t row = s.heads * s.head_dim, width = s.blocks * bs;
+  const int64_t per_part = GroupState::floats(group, d, bs), items = batch * s.kv_heads * parts;
+  std::vector<float> buffer(items * per_part);
+  std::vector<GroupState> states(items);
+  for (int64_t i = 0; i < items; ++i) states[i] = GroupState::at(buffer.data() + i * per_part, group, d, bs);
+  parallel_strided(items, [&](int64_t item) {
+    const int64_t pair = item / parts, part = item % parts, b = pair / s.kv_heads;
+    attend_part<T, NV>(s, qp + b * row, kp, vp, tp + b * s.blocks, mp + b * width,
+                       pair % s.kv_heads, part * s.blocks / parts, (part + 1) * s.blocks / parts,
+                       states[item]);
+  });
+  for (int64_t pair = 0; pair < batch * s.kv_heads; ++pair) {
+    const int64_t b = pair / s.kv_heads, h = pair % s.kv_heads;
+    merge_parts<T, NV>(group, states.data() + pair * parts, parts, op + b * row + h * group * d);
+  }
+}
+
 template <typename T, int NV>
 void run(const Shape& s, const at::Tensor& q, const at::Tensor& k_cache,
          const at::Tensor& v_cache, const at::Tensor& tables, const at::Tensor& mask,
@@ -210,8 +272,14 @@ void run(const Shape& s, const at::Tensor& q, const at::Tensor& k_cache,
   const float* mp = mask.data_ptr<float>();
   T* op = out.data_ptr<T>();
   const int64_t batch = q.size(0), row = s.heads * s.head_dim, width = s.blocks * s.block_size;
+  const int64_t threads = at::get_num_threads(), pairs = batch * s.kv_heads;
+  if (threads > 1 && pairs < 2 * threads && s.blocks > 1) {
+    const int64_t parts = std::min(s.blocks, (2 * threads + pairs - 1) / pairs);
+    run_split<T, NV>(s, qp, kp, vp, tp, mp, batch, parts, op);
+    return;
+  }
   // Few sequences: split their kv heads too, so every thread has work.
-  const int64_t wanted = 4 * at::get_num_threads();
+  const int64_t wanted = 4 * threads;
   const int64_t splits = std::min(s.kv_heads, std::max<int64_t>(1, (wanted + batch - 1) / batch));
   parallel_strided(batch * splits, [&](int64_t item) {
     const int64_t b = item / splits, part = item % splits;

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from backends.cpu_kernels.build import active_variant
 from backends.native.logits_processing import column, process_logits
 from backends.native.sequence import Sequence
 
@@ -63,13 +64,22 @@ def _wants_top(seqs: list[Sequence]) -> bool:
 def _argmax(processed: torch.Tensor, raw: torch.Tensor) -> torch.Tensor:
     """Greedy choice per row; a row the processors left without any token (or NaN) falls
     back to the raw argmax rather than to token 0."""
-    chosen = processed.argmax(dim=-1)
+    chosen = row_argmax(processed)
     # argmax returns a NaN's index if the row has one, and a -inf's if the row has nothing
     # else: the chosen value alone says whether the row is dead (no pass over the vocabulary).
     dead = ~(processed.gather(1, chosen.unsqueeze(1)).squeeze(1) > float("-inf"))
     if not bool(dead.any()):
         return chosen
-    return torch.where(dead, raw.argmax(dim=-1), chosen)
+    return torch.where(dead, row_argmax(raw), chosen)
+
+
+def row_argmax(x: torch.Tensor) -> torch.Tensor:
+    """x.argmax(-1) of float32 [S, V] logits; on CPU our kernel (`row_argmax.cpp`, ~10x faster
+    than torch's at a 49k vocabulary), same answers, NaN rows included."""
+    if (x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2
+            and x.stride(-1) == 1 and x.shape[-1] > 0 and active_variant() is not None):
+        return torch.ops.switchyard_cpu.row_argmax(x)
+    return x.argmax(dim=-1)
 
 
 def _top_logprobs(logprobs: torch.Tensor, seqs: list[Sequence]) -> list[list[tuple[int, float]]]:

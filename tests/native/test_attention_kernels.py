@@ -63,6 +63,7 @@ def check_against_float64() -> str:
         (1, 8, 2, 32, [(20, 50)], 2),  # one row: kv heads split between threads
         (4, 12, 1, 4, [(0, 1), (0, 9), (5, 13), (0, 16)], 5),  # blocks smaller than a vector
         (2, 16, 2, 16, [(40, 41), (0, 70)], 6),  # a window of one position, whole blocks out
+        (1, 9, 3, 16, [(40, 70)], 5),  # on 2+ threads split over blocks: one part attends nothing
     ]
     for head_dim in KERNEL_HEAD_DIMS:
         for seed, (batch, heads, kv_heads, block_size, spans, width) in enumerate(cases):
@@ -127,6 +128,19 @@ def test_decode_matches_float64() -> None:
     if active_variant() is None:
         pytest.skip("no C++ kernels for this CPU")
     check_against_float64()
+
+
+def test_decode_split_over_blocks_matches_float64() -> None:
+    """On two threads, batch 1 of few kv heads splits each head's blocks into parts that are
+    merged after (the cases above run single-threaded in the suite)."""
+    if active_variant() is None:
+        pytest.skip("no C++ kernels for this CPU")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        check_against_float64()
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_prefill_matches_float64() -> None:

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from backends.base import SamplingParams
+from backends.cpu_kernels.build import active_variant
 from backends.native.logits_processing import process_logits
-from backends.native.sampler import sample
+from backends.native.sampler import row_argmax, sample
 from backends.native.sequence import Sequence
 
 
@@ -45,6 +46,28 @@ def test_greedy_picks_argmax_and_reports_its_logprob() -> None:
     expected = torch.log_softmax(logits, -1).max(-1).values
     assert torch.allclose(torch.tensor(out.logprobs), expected)
     assert out.top_logprobs == [[], [], []]
+
+
+@pytest.mark.parametrize("vocab", [1, 7, 8, 49152 + 3])
+def test_row_argmax_answers_as_torch(vocab: int) -> None:
+    """Our argmax kernel: first index of the row's max, ties, +-inf, all -inf and NaN rows
+    (the first NaN), rows past a multiple of 8 columns, a row of a wider tensor."""
+    if active_variant() is None:
+        pytest.skip("no C++ kernels for this CPU")
+    rows = _logits(9, vocab, seed=vocab)
+    last = vocab - 1
+    rows[1, last] = rows[1, last // 2] = rows[1].max() + 1  # a tie: the first one wins
+    rows[2, last] = float("inf")
+    rows[3] = float("-inf")
+    rows[4, last] = float("nan")
+    rows[5, last // 3] = float("nan")
+    rows[5, last] = float("nan")
+    rows[6, last] = rows[6].max() + 1  # the max in the tail past the vector loop
+    rows[7] = 0.0
+    rows[7, last] = -0.0
+    wider = torch.cat([rows, rows], dim=1)[:, :vocab]  # rows contiguous, stride 2 * vocab
+    for logits in (rows, wider, rows[:1]):
+        assert torch.equal(row_argmax(logits), logits.argmax(dim=-1)), vocab
 
 
 def test_logprobs_only_when_a_row_asks() -> None:
