@@ -11,6 +11,7 @@ process:
     switchyard_cpu::bf16_linear       bf16_linear.cpp: dense bf16 linears (AVX-512-BF16 only)
     switchyard_cpu::f32_linear        f32_linear.cpp: dense float32 linears (AVX2 only)
     switchyard_cpu::row_argmax        row_argmax.cpp: greedy sampling's argmax per row
+    switchyard_cpu::q4_decode_layers  decode_layers.cpp: a decode step's 4-bit layers, chained
 
 The library is cached under the cache directory (`SWITCHYARD_CACHE_DIR`, default
 `~/.cache/switchyard`) in `kernels/`, named by everything that goes into it; a build takes
@@ -53,12 +54,14 @@ SOURCES: dict[Path, tuple[str, ...]] = {
     Path(__file__).with_name("bf16_linear.cpp"): (),
     Path(__file__).with_name("f32_linear.cpp"): (),
     Path(__file__).with_name("row_argmax.cpp"): (),
+    Path(__file__).with_name("decode_layers.cpp"): (),
 }
 # Sources with code for an extension only some CPUs of a variant have: its flag is added where
 # the CPU has it (else the source builds its operators as refusing stubs).
 OPTIONAL_ISA = {Path(__file__).with_name("bf16_linear.cpp"): ("avx512-vnni", "avx512_bf16",
                                                              "-mavx512bf16")}
-HEADERS = (Path(__file__).with_name("simd.h"),)
+HEADERS = (Path(__file__).with_name("simd.h"),
+           Path(__file__).with_name("kernel_entry_points.h"))
 SETTING = "SWITCHYARD_CPU_KERNELS"
 VARIANTS = {
     "avx512-vnni": ("-DSWITCHYARD_VNNI", "-mavx512f", "-mavx512bw", "-mavx512vl",

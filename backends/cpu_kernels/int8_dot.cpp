@@ -17,6 +17,8 @@
 #include <immintrin.h>
 #include <torch/library.h>
 
+#include "kernel_entry_points.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -376,6 +378,11 @@ at::Tensor q4_mm(const at::Tensor& x, const at::Tensor& packed, const at::Tensor
 }
 
 }  // namespace
+
+at::Tensor switchyard::q4_matmul(const at::Tensor& x, const at::Tensor& packed,
+                                 const at::Tensor& scale_zero, int64_t group_size, bool fine) {
+  return q4_mm(x, packed, scale_zero, group_size, fine);
+}
 
 TORCH_LIBRARY_FRAGMENT(switchyard_cpu, m) {
   m.def("q4_mm(Tensor x, Tensor packed, Tensor scale_zero, int group_size, bool fine) -> Tensor");

@@ -18,6 +18,7 @@
 #include <immintrin.h>
 #include <torch/library.h>
 
+#include "kernel_entry_points.h"
 #include "simd.h"
 
 #include <algorithm>
@@ -315,6 +316,12 @@ at::Tensor paged_decode_attention(const at::Tensor& q_in, const at::Tensor& k_ca
 }
 
 }  // namespace
+
+at::Tensor switchyard::decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
+                                        const at::Tensor& v_cache, const at::Tensor& block_tables,
+                                        const at::Tensor& mask, double scale) {
+  return paged_decode_attention(q, k_cache, v_cache, block_tables, mask, scale);
+}
 
 TORCH_LIBRARY_FRAGMENT(switchyard_cpu, m) {
   m.def("paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "

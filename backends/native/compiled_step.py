@@ -21,6 +21,10 @@ passes the same guards (everything else they check is fixed for the engine's lif
 direct call runs the graph dynamo would have picked. The logits region is called the same
 way per batch size (its entry cost ~0.2 ms a step), and so is the embedding region per rows'
 shape (it returns flat tensors; the step builds the DecodeMetadata from them).
+
+Models whose every layer the C++ decode layers cover (`fused_decode_layers.py`: float32,
+all-4-bit int8-dot linears, the default model's GGUF path) skip the layer region: one C++
+call runs all layers between the embedding and logits regions.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from torch import nn
 from torch._inductor.compile_fx import compile_fx
 
 from backends.native.attention import DecodeMetadata, KVCache, decode_mask, no_duck_shapes
+from backends.native.fused_decode_layers import FusedDecodeLayers
 from backends.native.sequence import Sequence as Seq
 
 log = logging.getLogger(__name__)
@@ -166,6 +171,7 @@ class CompiledDecodeStep:
         self._direct: dict[tuple[int, ...], tuple[DirectGraph, ...]] = {}  # rows' shape -> layers
         self._direct_logits: dict[tuple[int, ...], DirectGraph] = {}  # x's shape -> logits
         self._direct_embed: dict[tuple[int, ...], DirectGraph] = {}  # rows' shape -> embed
+        self.fused_layers = FusedDecodeLayers.of(model, kv_cache)  # the layers in one C++ call
         for cache in (*kv_cache.k, *kv_cache.v):  # fixed for the engine's life
             torch._dynamo.mark_static(cache)
         # Past MAX_GRAPHS a region fails to compile and the engine decodes eagerly.
@@ -202,7 +208,9 @@ class CompiledDecodeStep:
         for tensor in (meta.block_tables, meta.mask):
             _dynamic(tensor, *batch_dims, 1)
         graphs = self._direct.get(tuple(rows.shape))
-        if graphs is None:
+        if self.fused_layers is not None and self.fused_layers.rows_fit(rows.shape[0]):
+            x = self.fused_layers(x, cos, sin, meta)
+        elif graphs is None:
             x = self._layers_through_dynamo(x, cos, sin, meta, tuple(rows.shape))
         else:
             layers, k_caches, v_caches = self.model.model.layers, self.kv_cache.k, self.kv_cache.v

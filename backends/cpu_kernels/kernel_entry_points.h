@@ -1,0 +1,20 @@
+// Our operators' C++ entry points, for kernels that chain them without the dispatcher
+// (decode_layers.cpp): the same functions the operators run.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+
+namespace switchyard {
+
+// int8_dot.cpp's switchyard_cpu::q4_mm.
+at::Tensor q4_matmul(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale_zero,
+                     int64_t group_size, bool fine);
+
+// paged_attention.cpp's switchyard_cpu::paged_decode_attention.
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
+                            const at::Tensor& v_cache, const at::Tensor& block_tables,
+                            const at::Tensor& mask, double scale);
+
+}  // namespace switchyard
