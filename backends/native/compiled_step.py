@@ -210,6 +210,7 @@ class CompiledDecodeStep:
         graphs = self._direct.get(tuple(rows.shape))
         if self.fused_layers is not None and self.fused_layers.rows_fit(rows.shape[0]):
             x = self.fused_layers(x, cos, sin, meta)
+            _dynamic(x, *batch_dims)  # else the logits region compiles per batch size
         elif graphs is None:
             x = self._layers_through_dynamo(x, cos, sin, meta, tuple(rows.shape))
         else:

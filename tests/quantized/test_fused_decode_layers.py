@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from backends.base import SamplingParams
 from backends.cpu_kernels.build import active_variant
 from backends.native.attention import DecodeMetadata, KVCache
 from backends.native.compiled_step import _embed
@@ -130,3 +131,17 @@ def test_models_it_does_not_cover_keep_the_compiled_layers(
     bf16 = make_engine(q4_engine.config.model, dtype="bfloat16", compile=True)
     assert FusedDecodeLayers.of(bf16.runner.model, bf16.runner.kv_cache) is None
     assert FusedDecodeLayers.rows_fit(127) and not FusedDecodeLayers.rows_fit(128)
+
+
+def test_new_batch_sizes_compile_nothing_once_warm(q4_engine: LLMEngine) -> None:
+    """The fused layers' output feeds the logits region with a dynamic batch: a graph per
+    batch size would recompile mid-serving (~1 s each) and, past the limit, decode eagerly."""
+    q4_engine.warmup()
+    step = q4_engine.runner.decode_step
+    graphs = step.num_graphs
+    for batch in (2, 5, 7):
+        prompts = [list(range(200 + 9 * i, 206 + 9 * i)) for i in range(batch)]
+        q4_engine.generate(prompts, SamplingParams(max_tokens=3, temperature=0.0,
+                                                   ignore_eos=True))
+    assert step.num_graphs == graphs
+    assert not step.broken
