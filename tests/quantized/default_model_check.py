@@ -22,9 +22,10 @@ PROMPT = [{"role": "user", "content": "Name the largest planet in the solar syst
 STEPS = 8
 
 
-def run(dtype: str, quantize: str | None = None) -> dict[str, object]:
+def run(dtype: str, quantize: str | None = None, compile: bool = False) -> dict[str, object]:
     options = {"quantize": quantize} if quantize else {}
-    engine = make_engine("default", max_total_tokens=256, dtype=dtype, **options)
+    engine = make_engine("default", max_total_tokens=256, dtype=dtype, compile=compile,
+                         **options)
     prompt = engine.tokenizer.encode_chat(PROMPT)
     tokens, logits = native_greedy(engine, prompt, steps=STEPS)
     model = engine.loaded.model
@@ -36,6 +37,8 @@ def run(dtype: str, quantize: str | None = None) -> dict[str, object]:
         "lm_head": type(model.lm_head).__name__,
         "capability": torch.backends.cpu.get_cpu_capability(),
         "kernels": active_variant(),
+        "fused": engine.runner.decode_step is not None
+        and engine.runner.decode_step.fused_layers is not None,
     }
 
 

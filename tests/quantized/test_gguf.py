@@ -163,6 +163,16 @@ def test_default_model_kept_quantized_matches_dequantized(
     _check_default_model(got, default_dense, default_gguf_path, dtype)
 
 
+def test_default_model_decoding_through_the_fused_layers_matches_dequantized(
+    default_dense, default_gguf_path: str,
+) -> None:
+    """The compiled decode step, where our kernels are built: its layers in one C++ call
+    (fused_decode_layers.py) give the same tokens, within the same logit tolerance."""
+    got = default_model_check.run("float32", compile=True)
+    assert got["fused"] == (got["kernels"] is not None)
+    _check_default_model(got, default_dense, default_gguf_path, "float32")
+
+
 def test_default_model_kept_packed_with_avx2_packing(
     default_dense, default_gguf_path: str, tmp_path: Path,
 ) -> None:
