@@ -184,14 +184,17 @@ void check_inputs(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& 
 
 at::Tensor q4_decode_layers(const at::Tensor& x_in, const at::Tensor& cos_in,
                             const at::Tensor& sin_in, const at::Tensor& slot_blocks_in,
-                            const at::Tensor& slot_offsets_in, const at::Tensor& block_tables,
-                            const at::Tensor& mask, at::TensorList k_caches,
+                            const at::Tensor& slot_offsets_in,
+                            const at::Tensor& block_tables_in, const at::Tensor& mask_in,
+                            at::TensorList k_caches,
                             at::TensorList v_caches, at::TensorList weights, int64_t heads,
                             int64_t kv_heads, double eps, double scale, int64_t group_size,
                             bool fine) {
   const at::Tensor cos = cos_in.contiguous(), sin = sin_in.contiguous();
   const at::Tensor slot_blocks = slot_blocks_in.contiguous();
   const at::Tensor slot_offsets = slot_offsets_in.contiguous();
+  // Once here, not in each layer's attention call (the step passes a view of its rows).
+  const at::Tensor block_tables = block_tables_in.contiguous(), mask = mask_in.contiguous();
   const int64_t head_dim = k_caches.empty() ? 0 : k_caches[0].size(3);
   check_inputs(x_in, cos, sin, slot_blocks, slot_offsets, k_caches, v_caches, weights, head_dim);
   TORCH_CHECK(k_caches[0].size(1) == kv_heads && heads % kv_heads == 0,
@@ -200,7 +203,7 @@ at::Tensor q4_decode_layers(const at::Tensor& x_in, const at::Tensor& cos_in,
   const int64_t intermediate = weights[6].size(0) * 16 / 2;
   const Dims s{rows, hidden, heads, kv_heads, head_dim, intermediate, group_size,
                static_cast<float>(eps), static_cast<float>(scale), fine};
-  Buffers buf{x_in.contiguous().clone(), at::empty({rows, hidden}, x_in.options()),
+  Buffers buf{x_in.clone(at::MemoryFormat::Contiguous), at::empty({rows, hidden}, x_in.options()),
               at::empty({rows, heads, head_dim}, x_in.options()),
               at::empty({rows, intermediate}, x_in.options())};
   for (int64_t i = 0; i < static_cast<int64_t>(k_caches.size()); ++i) {

@@ -90,9 +90,7 @@ def test_fused_layers_match_the_layers_one_by_one(
         assert (got_cache - want_cache).abs().max().item() <= tolerance
 
 
-def test_compiled_engine_decodes_through_the_fused_layers_as_eager(
-    q4_engine: LLMEngine, tmp_path: Path, default_gguf_path: str,
-) -> None:
+def test_compiled_engine_decodes_through_the_fused_layers_as_eager(q4_engine: LLMEngine) -> None:
     step = q4_engine.runner.decode_step
     calls = []
     inner = step.fused_layers.__call__
