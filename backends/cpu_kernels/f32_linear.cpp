@@ -6,9 +6,13 @@
 // 16 columns (12 accumulators, two weight registers and a broadcast: 15 of AVX2's 16): per k,
 // two weight loads and up to six broadcast inputs feed twelve FMAs. Threads take blocks (and
 // row chunks where blocks are few); the rows loop inside, so a block's weights come from memory
-// once, for the first row tile, which also asks for the line kPrefetchK ahead into L2.
-// bench/roofline.py, 49 W1 linears over weights from memory on a 2-core AVX2 EPYC: 0.64-0.75x
-// oneDNN's time at 1-64 rows, 0.92x at 2048 (oneDNN reached ~50% of the FMA peak at 16 rows).
+// once, for the first row tile, which also asks for the line kPrefetchK ahead into L2. The
+// block's later row tiles (their weights in L2 already) ask for the thread's next block, spread
+// over their k loops, so that its first tile does not wait on memory either: on a 2-core AVX2
+// EPYC, W1's linears over weights from memory went from ~172 to ~186 GFLOP/s at 64 rows and
+// ~130 to ~150 at 16 (the kernel's peak with weights in cache: ~194), unchanged at 512.
+// bench/roofline.py, 49 W1 linears over weights from memory, before that: 0.64-0.75x oneDNN's
+// time at 1-64 rows, 0.92x at 2048 (oneDNN reached ~50% of the FMA peak at 16 rows).
 //
 //   f32_linear(x [.., K], packed [N / 16, K, 16], bias [N]?) -> [.., N]   all float32
 //
@@ -40,17 +44,35 @@ struct Problem {
   int64_t m, k, n;
 };
 
-template <int Rows, bool Prefetch>
-void tile(const Problem& p, int64_t row, int64_t block) {
+// How a tile helps the memory ahead of it. kAhead: the first row tile of a block, whose weights
+// come from memory, asks for its own line kPrefetchK ahead. kNextBlock: a later row tile (its
+// block already in L2) asks for `count` lines of the thread's next block, one every `stride`
+// k, so that the next block's first tile finds its weights in L2 too.
+enum class Prefetch { kNone, kAhead, kNextBlock };
+
+struct NextLines {
+  const float* first = nullptr;  // the first line this tile asks for
+  int64_t count = 0;
+  int64_t stride = 1;  // a power of two
+};
+
+template <int Rows, Prefetch Mode>
+void tile(const Problem& p, int64_t row, int64_t block, NextLines next) {
   const int64_t k_size = p.k;
   const float* w = p.w + block * k_size * kColumns;
   const float* x = p.x + row * k_size;
   __m256 low[Rows], high[Rows];
 #pragma GCC unroll 8
   for (int r = 0; r < Rows; ++r) low[r] = high[r] = _mm256_setzero_ps();
+  const int64_t next_end = next.count * next.stride;
   for (int64_t k = 0; k < k_size; ++k) {
-    if constexpr (Prefetch) {  // past a block's end this is the next block's start: no fault
+    if constexpr (Mode == Prefetch::kAhead) {  // past a block's end: the next block, no fault
       _mm_prefetch(reinterpret_cast<const char*>(w + (k + kPrefetchK) * kColumns), _MM_HINT_T1);
+    } else if constexpr (Mode == Prefetch::kNextBlock) {
+      if (k < next_end && (k & (next.stride - 1)) == 0) {
+        _mm_prefetch(reinterpret_cast<const char*>(next.first + k / next.stride * kColumns),
+                     _MM_HINT_T1);
+      }
     }
     const __m256 w0 = _mm256_loadu_ps(w + k * kColumns);
     const __m256 w1 = _mm256_loadu_ps(w + k * kColumns + 8);
@@ -73,27 +95,50 @@ void tile(const Problem& p, int64_t row, int64_t block) {
 }
 
 template <int Rows>
-void tile(const Problem& p, int64_t row, int64_t block, bool prefetch) {
-  if (prefetch) tile<Rows, true>(p, row, block);
-  else tile<Rows, false>(p, row, block);
+void tile(const Problem& p, int64_t row, int64_t block, Prefetch mode, NextLines next) {
+  switch (mode) {
+    case Prefetch::kNone: return tile<Rows, Prefetch::kNone>(p, row, block, next);
+    case Prefetch::kAhead: return tile<Rows, Prefetch::kAhead>(p, row, block, next);
+    case Prefetch::kNextBlock: return tile<Rows, Prefetch::kNextBlock>(p, row, block, next);
+  }
 }
 
-void rows_remainder(const Problem& p, int64_t row, int64_t block, int64_t count, bool prefetch) {
+void rows_remainder(const Problem& p, int64_t row, int64_t block, int64_t count,
+                    Prefetch mode, NextLines next) {
   switch (count) {
-    case 1: return tile<1>(p, row, block, prefetch);
-    case 2: return tile<2>(p, row, block, prefetch);
-    case 3: return tile<3>(p, row, block, prefetch);
-    case 4: return tile<4>(p, row, block, prefetch);
-    case 5: return tile<5>(p, row, block, prefetch);
+    case 1: return tile<1>(p, row, block, mode, next);
+    case 2: return tile<2>(p, row, block, mode, next);
+    case 3: return tile<3>(p, row, block, mode, next);
+    case 4: return tile<4>(p, row, block, mode, next);
+    case 5: return tile<5>(p, row, block, mode, next);
     default: return;
   }
 }
 
-// Rows [first, last) against one block.
-void row_range(const Problem& p, int64_t block, int64_t first, int64_t last) {
+// The lines of `next_block` (null: none) that row tile `index` of `tiles` asks for: the
+// later tiles share them out in order, each spreading its share over its k loop.
+NextLines next_lines(const Problem& p, const float* next_block, int64_t index, int64_t tiles) {
+  if (next_block == nullptr || index == 0) return {};
+  const int64_t share = (p.k + tiles - 2) / (tiles - 1);
+  const int64_t first = (index - 1) * share;
+  const int64_t count = std::min(share, p.k - first);
+  int64_t stride = 1;
+  while (count > 0 && count * stride * 2 <= p.k) stride *= 2;
+  return {next_block + first * kColumns, std::max<int64_t>(count, 0), stride};
+}
+
+// Rows [first, last) against one block; its later row tiles fetch `next_block` into L2.
+void row_range(const Problem& p, int64_t block, int64_t first, int64_t last,
+               const float* next_block) {
+  const int64_t tiles = (last - first + kRowTile - 1) / kRowTile;
   int64_t row = first;
-  for (; row + kRowTile <= last; row += kRowTile) tile<kRowTile>(p, row, block, row == first);
-  rows_remainder(p, row, block, last - row, row == first);
+  for (int64_t index = 0; index < tiles; ++index, row += kRowTile) {
+    const Prefetch mode = index == 0 ? Prefetch::kAhead
+        : next_block ? Prefetch::kNextBlock : Prefetch::kNone;
+    const NextLines next = next_lines(p, next_block, index, tiles);
+    if (row + kRowTile <= last) tile<kRowTile>(p, row, block, mode, next);
+    else rows_remainder(p, row, block, last - row, mode, next);
+  }
 }
 
 // Work items are (block, row chunk), a block's chunks consecutive so that a thread reads a
@@ -108,7 +153,10 @@ void run(const Problem& p) {
     for (int64_t item = begin; item < end; ++item) {
       const int64_t block = item / chunks, first = (item % chunks) * chunk_rows;
       const int64_t last = std::min(p.m, first + chunk_rows);
-      if (first < last) row_range(p, block, first, last);
+      // The thread's next item, where it starts another block: its weights are fetched early.
+      const bool next_is_new = item + 1 < end && (item + 1) % chunks == 0;
+      const float* next_block = next_is_new ? p.w + (block + 1) * p.k * kColumns : nullptr;
+      if (first < last) row_range(p, block, first, last, next_block);
     }
   });
 }

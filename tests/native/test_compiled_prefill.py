@@ -61,6 +61,28 @@ def test_prefill_logits_match_eager(tiny_model: Callable[[str], Path]) -> None:
     assert step is not None and not step.broken and step.num_graphs > 0
 
 
+def test_last_layer_runs_its_mlp_on_the_logits_rows_alone(
+    tiny_model: Callable[[str], Path],
+) -> None:
+    """The other rows of a prompt chunk only write K/V in the last layer: its half after the
+    attention gets the rows that reach the logits (one row taken twice: a dynamic row count
+    is never 1), every other layer all rows."""
+    engine = make_engine(tiny_model("llama_gqa"), block_size=4)
+    step = engine.runner.prefill_step
+    rows: list[int] = []
+    after = step._after
+
+    def record(layer: torch.nn.Module, x: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
+        rows.append(x.shape[0])
+        return after(layer, x, attention)
+
+    step._after = record
+    engine.generate(_prompts(1, seed=3), _greedy(1))
+    layers = len(engine.runner.model.model.layers)
+    prompt = len(_prompts(1, seed=3)[0])
+    assert rows == [prompt] * (layers - 1) + [2]
+
+
 def test_warmup_compiles_every_prefill_graph(tiny_model: Callable[[str], Path]) -> None:
     """Once warm, prompts of new lengths and mixed steps compile nothing."""
     engine = make_engine(tiny_model("llama_gqa"), block_size=4)
