@@ -9,10 +9,13 @@
 //   -> [n, H, D]
 //
 // A query at position p attends keys [max(0, p - window + 1), p]. Work is split over (query
-// head, tile of rows); keys are taken kWidth positions at a time, gathered from their blocks
-// into a transposed float32 run, so that a row's scores for the run are one vector and eight
-// rows share each load of it. torch's CPU flash attention took ~0.7 ms for one 128-token
-// prompt (12 heads of 64): ~30 GFLOP/s, a tenth of a W1 prefill step.
+// head, tile of rows); keys are taken kRunKeys positions at a time, gathered from their blocks
+// into float32 pieces of kWidth keys transposed, so that a row's scores for a piece are one
+// vector and eight rows share each load of it. The online softmax (a row's max, its scalar
+// correction, the horizontal sums) runs once a run: with runs of kWidth keys it was most of
+// the kernel's time (32 keys: 128- / 512-token W1 prompts 0.77 -> 0.48 ms, 10.3 -> 6.0 ms, on
+// 2 AVX2 cores, where torch's CPU flash attention takes 0.6 / 6.8 ms; runs of 64 keys or
+// tiles of 64 rows measured no better).
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -33,27 +36,31 @@ using namespace switchyard_simd;
 constexpr int64_t kTileRows = 32;  // query rows per work item
 constexpr int64_t kRowGroup = 8;   // rows scored together (their sums in registers)
 constexpr int64_t kValueRows = 4;  // rows whose weighted values are summed together
+constexpr int64_t kRunKeys = 32;   // keys per softmax update (its max, exp and sums a row)
+constexpr int64_t kRunVectors = kRunKeys / kWidth;
 
 struct Chunk {
   int64_t rows, heads, kv_heads, block_size, context, window;  // window 0: none
 };
 
-// kWidth consecutive key positions: K transposed [D, kWidth], V [kWidth, D], float32.
+// kRunKeys consecutive key positions: K as kRunVectors pieces of kWidth keys, each transposed
+// [D, kWidth]; V [kRunKeys, D]; float32.
 template <int NV>
 struct KeyRun {
   static constexpr int64_t kDim = NV * kWidth;
-  float keys[kDim * kWidth];
-  float values[kWidth * kDim];
+  float keys[kRunVectors * kDim * kWidth];
+  float values[kRunKeys * kDim];
 };
 
 template <typename T, int NV>
 void gather_run(const Chunk& c, const T* k_cache, const T* v_cache, const int64_t* table,
                 int64_t kv_head, int64_t first, int64_t count, KeyRun<NV>& run) {
   constexpr int64_t d = KeyRun<NV>::kDim;
-  for (int64_t j = 0; j < kWidth; ++j) {
+  for (int64_t j = 0; j < kRunKeys; ++j) {
     float* value = run.values + j * d;
+    float* keys = run.keys + j / kWidth * d * kWidth + j % kWidth;
     if (j >= count) {
-      for (int64_t i = 0; i < d; ++i) run.keys[i * kWidth + j] = 0.0f;
+      for (int64_t i = 0; i < d; ++i) keys[i * kWidth] = 0.0f;
       std::fill(value, value + d, 0.0f);
       continue;
     }
@@ -62,7 +69,7 @@ void gather_run(const Chunk& c, const T* k_cache, const T* v_cache, const int64_
         ((table[position / c.block_size] * c.kv_heads + kv_head) * c.block_size +
          position % c.block_size) * d;
     const T* key = k_cache + offset;
-    for (int64_t i = 0; i < d; ++i) run.keys[i * kWidth + j] = static_cast<float>(key[i]);
+    for (int64_t i = 0; i < d; ++i) keys[i * kWidth] = static_cast<float>(key[i]);
     for (int v = 0; v < NV; ++v) store(value + v * kWidth, load(v_cache + offset + v * kWidth));
   }
 }
@@ -77,20 +84,24 @@ struct TileState {
   float total[kTileRows];
 };
 
-// Scores of kRowGroup rows against one run: each row's kWidth scores in one vector.
+// Scores of kRowGroup rows against one run, kWidth keys at a time: each row's scores for
+// them in one vector.
 template <int NV>
 void score_rows(const TileState<NV>& st, const KeyRun<NV>& run, int64_t row,
-                float scores[kRowGroup][kWidth]) {
+                float scores[kRowGroup][kRunKeys]) {
   constexpr int64_t d = KeyRun<NV>::kDim;
-  Vec sums[kRowGroup];
-  for (int g = 0; g < kRowGroup; ++g) sums[g] = zero();
-  for (int64_t i = 0; i < d; ++i) {
-    const Vec keys = load(run.keys + i * kWidth);
-    for (int g = 0; g < kRowGroup; ++g) {
-      sums[g] = fmadd(splat(st.query[(row + g) * d + i]), keys, sums[g]);
+  for (int64_t piece = 0; piece < kRunVectors; ++piece) {
+    const float* keys = run.keys + piece * d * kWidth;
+    Vec sums[kRowGroup];
+    for (int g = 0; g < kRowGroup; ++g) sums[g] = zero();
+    for (int64_t i = 0; i < d; ++i) {
+      const Vec key = load(keys + i * kWidth);
+      for (int g = 0; g < kRowGroup; ++g) {
+        sums[g] = fmadd(splat(st.query[(row + g) * d + i]), key, sums[g]);
+      }
     }
+    for (int g = 0; g < kRowGroup; ++g) store(scores[g] + piece * kWidth, sums[g]);
   }
-  for (int g = 0; g < kRowGroup; ++g) store(scores[g], sums[g]);
 }
 
 // Scores -> weights for one row over one run whose positions start at `first` (online
@@ -100,21 +111,26 @@ template <int NV>
 float weigh_row(const Chunk& c, TileState<NV>& st, int64_t row, int64_t position, int64_t first,
                 float* scores) {
   const int64_t lowest = c.window ? std::max<int64_t>(0, position - c.window + 1) : 0;
-  if (first > position || first + kWidth <= lowest) {
-    std::fill(scores, scores + kWidth, 0.0f);
+  if (first > position || first + kRunKeys <= lowest) {
+    std::fill(scores, scores + kRunKeys, 0.0f);
     return 1.0f;
   }
-  if (first < lowest || first + kWidth - 1 > position) {
-    for (int64_t j = 0; j < kWidth; ++j) {
+  if (first < lowest || first + kRunKeys - 1 > position) {
+    for (int64_t j = 0; j < kRunKeys; ++j) {
       if (first + j < lowest || first + j > position) scores[j] = kNegInf;
     }
   }
-  const Vec s = load(scores);
-  const float new_max = std::max(st.max[row], max_all(s));
+  Vec largest = load(scores);
+  for (int64_t v = 1; v < kRunVectors; ++v) largest = maximum(largest, load(scores + v * kWidth));
+  const float new_max = std::max(st.max[row], max_all(largest));
   const float correction = std::exp(st.max[row] - new_max);  // 0 when max was -inf
-  const Vec weights = exp_nonpositive(sub(s, splat(new_max)));
-  store(scores, weights);
-  st.total[row] = st.total[row] * correction + sum(weights);
+  Vec total = zero();
+  for (int64_t v = 0; v < kRunVectors; ++v) {
+    const Vec weights = exp_nonpositive(sub(load(scores + v * kWidth), splat(new_max)));
+    store(scores + v * kWidth, weights);
+    total = add(total, weights);
+  }
+  st.total[row] = st.total[row] * correction + sum(total);
   st.max[row] = new_max;
   return correction;
 }
@@ -123,14 +139,14 @@ float weigh_row(const Chunk& c, TileState<NV>& st, int64_t row, int64_t position
 // loaded once for all of them, and their kValueRows * NV sums are independent chains.
 template <int NV>
 void accumulate_rows(TileState<NV>& st, const KeyRun<NV>& run, int64_t row,
-                     const float weights[][kWidth], const float* corrections) {
+                     const float weights[][kRunKeys], const float* corrections) {
   constexpr int64_t d = KeyRun<NV>::kDim;
   Vec out[kValueRows][NV];
   for (int g = 0; g < kValueRows; ++g) {
     const Vec correction = splat(corrections[g]);
     for (int v = 0; v < NV; ++v) out[g][v] = mul(load(st.acc + (row + g) * d + v * kWidth), correction);
   }
-  for (int64_t j = 0; j < kWidth; ++j) {
+  for (int64_t j = 0; j < kRunKeys; ++j) {
     Vec values[NV];
     for (int v = 0; v < NV; ++v) values[v] = load(run.values + j * d + v * kWidth);
     for (int g = 0; g < kValueRows; ++g) {
@@ -161,17 +177,17 @@ void attend_tile(const Chunk& c, const T* q, const T* k_cache, const T* v_cache,
   }
   const int64_t last = start + row_begin + rows - 1;  // the tile's last position
   const int64_t lowest = c.window ? std::max<int64_t>(0, start + row_begin - c.window + 1) : 0;
-  float scores[kRowGroup][kWidth];
-  for (int64_t first = lowest / kWidth * kWidth; first <= last; first += kWidth) {
+  float scores[kRowGroup][kRunKeys];
+  for (int64_t first = lowest / kRunKeys * kRunKeys; first <= last; first += kRunKeys) {
     gather_run<T, NV>(c, k_cache, v_cache, table, kv_head, first,
-                      std::min<int64_t>(kWidth, last + 1 - first), run);
+                      std::min<int64_t>(kRunKeys, last + 1 - first), run);
     for (int64_t r = 0; r < rows; r += kRowGroup) {
       score_rows<NV>(st, run, r, scores);
       float corrections[kRowGroup];
       for (int64_t g = 0; g < kRowGroup; ++g) {  // rows past the tile's end: weights 0
         corrections[g] = r + g < rows
             ? weigh_row<NV>(c, st, r + g, start + row_begin + r + g, first, scores[g])
-            : (std::fill(scores[g], scores[g] + kWidth, 0.0f), 1.0f);
+            : (std::fill(scores[g], scores[g] + kRunKeys, 0.0f), 1.0f);
       }
       for (int64_t g = 0; g < kRowGroup; g += kValueRows) {
         accumulate_rows<NV>(st, run, r + g, scores + g, corrections + g);

@@ -33,6 +33,7 @@ inline Vec fmadd(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
 inline Vec mul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
 inline Vec add(Vec a, Vec b) { return _mm512_add_ps(a, b); }
 inline Vec sub(Vec a, Vec b) { return _mm512_sub_ps(a, b); }
+inline Vec maximum(Vec a, Vec b) { return _mm512_max_ps(a, b); }
 inline float sum(Vec v) { return _mm512_reduce_add_ps(v); }
 inline float max_all(Vec v) { return _mm512_reduce_max_ps(v); }
 inline Vec zero() { return _mm512_setzero_ps(); }
@@ -50,6 +51,7 @@ inline Vec fmadd(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
 inline Vec mul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
 inline Vec add(Vec a, Vec b) { return _mm256_add_ps(a, b); }
 inline Vec sub(Vec a, Vec b) { return _mm256_sub_ps(a, b); }
+inline Vec maximum(Vec a, Vec b) { return _mm256_max_ps(a, b); }
 inline float sum(Vec v) {
   const __m128 half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   const __m128 pairs = _mm_add_ps(half, _mm_movehl_ps(half, half));
