@@ -92,8 +92,8 @@ class CompiledPrefillStep:
         logits_indices: torch.Tensor,
     ) -> torch.Tensor:
         """The last layer's output rows in `logits_indices` (then maybe one more: see
-        `_kept_rows`). A step with a prompt chunk has two rows or more: the row count can be
-        dynamic."""
+        `_kept_rows`; none when no row reaches the logits). A step with a prompt chunk has two
+        rows or more: the row count can be dynamic."""
         x, cos, sin = self.model.embed(input_ids, positions)
         _rows_dynamic(cos, sin, meta.slot_blocks, meta.slot_offsets)
         k_caches, v_caches = self.kv_cache.k, self.kv_cache.v
@@ -106,8 +106,10 @@ class CompiledPrefillStep:
                                         layer.self_attn.scale, layer.self_attn.cpu_kernel,
                                         cache_written=True)
             if i == len(layers) - 1:
+                if logits_indices.shape[0] == 0:  # a prompt chunk alone, not its end
+                    return x[:0]
                 x, attention = _kept_rows(x, attention, logits_indices)
-            _rows_dynamic(attention)
+            _rows_dynamic(x, attention)
             x = self._after(layer, x, attention)
         return x
 

@@ -83,6 +83,22 @@ def test_last_layer_runs_its_mlp_on_the_logits_rows_alone(
     assert rows == [prompt] * (layers - 1) + [2]
 
 
+def test_chunks_that_reach_no_logits_stay_compiled(tiny_model: Callable[[str], Path]) -> None:
+    """A long prompt alone, in chunks: until its last chunk no row samples, the last layer's
+    half after the attention has no row to run, and the step must neither fail to compile
+    nor change the logits."""
+    path = tiny_model("llama_gqa")
+    options = {"block_size": 4, "max_batch_prefill_tokens": 8}
+    compiled, eager = make_engine(path, **options), make_engine(path, compile=False, **options)
+    prompt = [token for part in _prompts(6, seed=4) for token in part][:30]
+    assert len(prompt) > 16  # three chunks or more, the first two sampling nothing
+    got, want = _step_logits(compiled, [prompt]), _step_logits(eager, [prompt])
+    assert [a.shape[0] for a in got[:2]] == [0, 0]
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=2e-5)
+    assert not compiled.runner.prefill_step.broken
+
+
 def test_warmup_compiles_every_prefill_graph(tiny_model: Callable[[str], Path]) -> None:
     """Once warm, prompts of new lengths and mixed steps compile nothing."""
     engine = make_engine(tiny_model("llama_gqa"), block_size=4)
