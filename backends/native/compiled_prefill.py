@@ -109,7 +109,8 @@ class CompiledPrefillStep:
                 if logits_indices.shape[0] == 0:  # a prompt chunk alone, not its end
                     return x[:0]
                 x, attention = _kept_rows(x, attention, logits_indices)
-            _rows_dynamic(x, attention)
+                _rows_dynamic(x)
+            _rows_dynamic(attention)
             x = self._after(layer, x, attention)
         return x
 
