@@ -128,3 +128,21 @@ def test_engine_tokens_do_not_change(tiny_model: Callable[[str], Path],
     kernels, outputs = kernels_and_tokens(tiny_model("llama_gqa"), "float32", "f32_linear_kernel")
     assert kernels == ["onednn", "f32"]
     assert outputs[0] == outputs[1]
+
+
+@pytest.mark.parametrize("threads", [2, 3, 8])
+def test_any_thread_count_gives_the_one_thread_result(threads: int) -> None:
+    """However the work items are dealt out (more threads than blocks split rows too), every
+    output is written once and computed the same way: bit-identical to one thread's result."""
+    weight, bias = _weights(2304, 768, bias=True)
+    x = torch.randn(64, 768)
+    packed = pack_for_f32_kernel(weight)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = torch.ops.switchyard_cpu.f32_linear(x, packed, bias)
+        torch.set_num_threads(threads)
+        for _ in range(20):
+            assert torch.equal(torch.ops.switchyard_cpu.f32_linear(x, packed, bias), alone)
+    finally:
+        torch.set_num_threads(before)
