@@ -131,14 +131,16 @@ void accumulate_values(const Shape& s, int64_t group, const T* values, const T* 
                        GroupState& st) {
   const int64_t bs = s.block_size;
   constexpr int64_t d = NV * kWidth;
-  for (int64_t o = 0; o < bs; ++o) fetch_share<T, NV>(next_values, o, bs);
   for (int64_t g = 0; g < group; ++g) {
     const float* w = st.weights + g * bs;
     float* acc = st.acc + g * d;
+    const T* fetch = g == 0 ? next_values : nullptr;  // the first head's pass spreads it
     Vec even[NV], odd[NV];
     for (int c = 0; c < NV; ++c) even[c] = load(acc + c * kWidth), odd[c] = zero();
     int64_t o = 0;
     for (; o + 1 < bs; o += 2) {
+      fetch_share<T, NV>(fetch, o, bs);
+      fetch_share<T, NV>(fetch, o + 1, bs);
       const Vec w0 = splat(w[o]), w1 = splat(w[o + 1]);
       for (int c = 0; c < NV; ++c) {
         even[c] = fmadd(w0, load(values + o * d + c * kWidth), even[c]);
@@ -146,6 +148,7 @@ void accumulate_values(const Shape& s, int64_t group, const T* values, const T* 
       }
     }
     if (o < bs) {
+      fetch_share<T, NV>(fetch, o, bs);
       for (int c = 0; c < NV; ++c) even[c] = fmadd(splat(w[o]), load(values + o * d + c * kWidth), even[c]);
     }
     for (int c = 0; c < NV; ++c) store(acc + c * kWidth, add(even[c], odd[c]));
