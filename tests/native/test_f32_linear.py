@@ -132,8 +132,9 @@ def test_engine_tokens_do_not_change(tiny_model: Callable[[str], Path],
 
 @pytest.mark.parametrize("threads", [2, 3, 8])
 def test_any_thread_count_gives_the_one_thread_result(threads: int) -> None:
-    """However the work items are dealt out (more threads than blocks split rows too), every
-    output is written once and computed the same way: bit-identical to one thread's result."""
+    """Whatever the thread count, the column blocks are shared out so that every output is
+    written once and computed as one thread computes it: bit-identical to one thread's result
+    (rows split where blocks are few: test_rows_split_where_output_columns_are_few)."""
     weight, bias = _weights(2304, 768, bias=True)
     x = torch.randn(64, 768)
     packed = pack_for_f32_kernel(weight)
