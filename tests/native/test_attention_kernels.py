@@ -98,7 +98,9 @@ def _prefill_reference(q, k_cache, v_cache, table, context, window, scale) -> to
 def check_prefill_against_float64() -> None:
     active_variant()  # loads the kernels (in a child process, this runs first)
     cases = [  # rows, context, heads, kv heads, block size, window
-        (128, 128, 4, 4, 16, 0),  # a whole prompt: four tiles of rows
+        (128, 128, 4, 4, 16, 0),  # a whole prompt: two tiles of rows
+        (150, 190, 4, 2, 16, 0),  # a long chunk after 40 cached positions: tiles and key
+        # runs out of step, rows before a run skipped, a run's last keys past its end
         (19, 19, 9, 3, 16, 0),  # GQA, a prompt shorter than a tile
         (5, 40, 4, 2, 4, 0),  # a chunk after 35 cached positions, blocks of 4
         (37, 100, 8, 2, 16, 12),  # a sliding window inside a cached context
