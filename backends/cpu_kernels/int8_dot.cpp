@@ -18,6 +18,7 @@
 #include <torch/library.h>
 
 #include "kernel_entry_points.h"
+#include "simd.h"
 
 #include <algorithm>
 #include <cmath>
@@ -38,11 +39,7 @@ struct QuantizedRows {
   float* sum;     // [M, K / 32]: the block's sum of x, for the zero term
 };
 
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8(const c10::BFloat16* p) {
-  const __m128i half = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
-}
+using switchyard_simd::load8;
 
 inline float horizontal(__m256 v, __m128 (*op)(__m128, __m128)) {
   __m128 r = op(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

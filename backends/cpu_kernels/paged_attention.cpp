@@ -115,7 +115,7 @@ void softmax_update(const Shape& s, int64_t group, GroupState& st) {
     }
     float tail = 0.0f;
     for (; o < bs; ++o) tail += (w[o] = std::exp(w[o] - new_max));
-    st.total[g] = st.total[g] * correction + sum(block_sum) + tail;
+    st.total[g] = std::fma(st.total[g], correction, sum(block_sum)) + tail;  // in any build
     st.max[g] = new_max;
     if (correction != 1.0f) {
       float* acc = st.acc + g * NV * kWidth;

@@ -61,31 +61,6 @@ struct KeyRun {
   float values[kRunKeys * kDim];
 };
 
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8(const c10::BFloat16* p) {
-  const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
-}
-
-// rows[k] = 8 floats of key k -> rows[m] = float m of keys 0..7.
-inline void transpose8(__m256 rows[8]) {
-  __m256 lo[4], hi[4], mixed[8];
-  for (int k = 0; k < 4; ++k) {
-    lo[k] = _mm256_unpacklo_ps(rows[2 * k], rows[2 * k + 1]);
-    hi[k] = _mm256_unpackhi_ps(rows[2 * k], rows[2 * k + 1]);
-  }
-  for (int k = 0; k < 2; ++k) {
-    mixed[4 * k] = _mm256_shuffle_ps(lo[2 * k], lo[2 * k + 1], 0x44);
-    mixed[4 * k + 1] = _mm256_shuffle_ps(lo[2 * k], lo[2 * k + 1], 0xEE);
-    mixed[4 * k + 2] = _mm256_shuffle_ps(hi[2 * k], hi[2 * k + 1], 0x44);
-    mixed[4 * k + 3] = _mm256_shuffle_ps(hi[2 * k], hi[2 * k + 1], 0xEE);
-  }
-  for (int m = 0; m < 4; ++m) {
-    rows[m] = _mm256_permute2f128_ps(mixed[m], mixed[m + 4], 0x20);
-    rows[m + 4] = _mm256_permute2f128_ps(mixed[m], mixed[m + 4], 0x31);
-  }
-}
-
 // Keys j .. j + 7 of a run (null: past its end, zero) into their piece, transposed 8 x 8 at
 // a time (a scalar copy was a fifth of a 2048-token prompt's time).
 template <typename T, int NV>
@@ -191,7 +166,7 @@ float weigh_row(const Chunk& c, TileState<NV>& st, int64_t row, int64_t position
     store(scores + v * kWidth, weights);
     total = add(total, weights);
   }
-  st.total[row] = st.total[row] * correction + sum(total);
+  st.total[row] = std::fma(st.total[row], correction, sum(total));  // one rounding, in any build
   st.max[row] = new_max;
   return correction;
 }

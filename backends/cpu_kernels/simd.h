@@ -1,6 +1,7 @@
 // What our attention kernels share: float32 vectors of the build's width (AVX-512 with
-// SWITCHYARD_VNNI, else AVX2), bfloat16 loads widened to float32, exp for x <= 0, strided work
-// dealing, the checks on q and the caches, and the dispatch over dtype and head size.
+// SWITCHYARD_VNNI, else AVX2), bfloat16 loads widened to float32, 8 x 8 transposes, exp for
+// x <= 0, strided work dealing, the checks on q and the caches, and the dispatch over dtype
+// and head size.
 #pragma once
 
 #include <c10/util/BFloat16.h>
@@ -18,6 +19,33 @@
 namespace switchyard_simd {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Eight floats (bfloat16 widened) in a 256-bit vector, in either build: AVX2's `load`, and
+// the 8 x 8 transposes of the prefill kernel's keys.
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const c10::BFloat16* p) {
+  const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+}
+
+// rows[k] = 8 floats of row k -> rows[m] = float m of rows 0..7.
+inline void transpose8(__m256 rows[8]) {
+  __m256 lo[4], hi[4], mixed[8];
+  for (int k = 0; k < 4; ++k) {
+    lo[k] = _mm256_unpacklo_ps(rows[2 * k], rows[2 * k + 1]);
+    hi[k] = _mm256_unpackhi_ps(rows[2 * k], rows[2 * k + 1]);
+  }
+  for (int k = 0; k < 2; ++k) {
+    mixed[4 * k] = _mm256_shuffle_ps(lo[2 * k], lo[2 * k + 1], 0x44);
+    mixed[4 * k + 1] = _mm256_shuffle_ps(lo[2 * k], lo[2 * k + 1], 0xEE);
+    mixed[4 * k + 2] = _mm256_shuffle_ps(hi[2 * k], hi[2 * k + 1], 0x44);
+    mixed[4 * k + 3] = _mm256_shuffle_ps(hi[2 * k], hi[2 * k + 1], 0xEE);
+  }
+  for (int m = 0; m < 4; ++m) {
+    rows[m] = _mm256_permute2f128_ps(mixed[m], mixed[m + 4], 0x20);
+    rows[m + 4] = _mm256_permute2f128_ps(mixed[m], mixed[m + 4], 0x31);
+  }
+}
 
 #ifdef SWITCHYARD_VNNI
 using Vec = __m512;
@@ -40,11 +68,8 @@ inline Vec zero() { return _mm512_setzero_ps(); }
 #else
 using Vec = __m256;
 constexpr int64_t kWidth = 8;
-inline Vec load(const float* p) { return _mm256_loadu_ps(p); }
-inline Vec load(const c10::BFloat16* p) {
-  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
-}
+inline Vec load(const float* p) { return load8(p); }
+inline Vec load(const c10::BFloat16* p) { return load8(p); }
 inline void store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
 inline Vec splat(float x) { return _mm256_set1_ps(x); }
 inline Vec fmadd(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
