@@ -216,6 +216,10 @@ def _register_fake() -> None:
                     bias: torch.Tensor | None) -> torch.Tensor:
         return x.new_empty((*x.shape[:-1], packed.shape[0] * 16))
 
+    @torch.library.register_fake("switchyard_cpu::f32_silu_mul_linear")
+    def _f32_silu_mul_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+        return x.new_empty((*x.shape[:-1], packed.shape[0] * 8))
+
     @torch.library.register_fake("switchyard_cpu::prepacked_linear")
     def _prepacked_linear(x: torch.Tensor, handle: torch.Tensor, out_features: int,
                           bias: torch.Tensor | None) -> torch.Tensor:

@@ -55,14 +55,6 @@ void rms_norm(const float* x, const float* w, int64_t rows, int64_t n, float eps
   }
 }
 
-inline Vec abs_value(Vec v) {
-#ifdef SWITCHYARD_VNNI
-  return _mm512_abs_ps(v);
-#else
-  return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v);
-#endif
-}
-
 // x * cos + rotate_half(x) * sin over one head (rotate_half(x) = [-x2, x1]).
 void rotate(const float* x, const float* cos, const float* sin, int64_t d, float* out) {
   const int64_t half = d / 2;
@@ -90,20 +82,6 @@ void project_rows(const Dims& s, const float* qkv, const float* cos, const float
       std::copy(v, v + d, vc + slot + h * head_stride);
     }
   }
-}
-
-// 1 / (1 + exp(-g)) from exp(-|g|), which cannot overflow.
-inline Vec sigmoid(Vec g) {
-  const Vec e = exp_nonpositive(sub(zero(), abs_value(g)));
-  const Vec total = add(splat(1.0f), e);
-#ifdef SWITCHYARD_VNNI
-  const __mmask16 negative = _mm512_cmp_ps_mask(g, zero(), _CMP_LT_OQ);
-  return _mm512_mask_blend_ps(negative, _mm512_div_ps(splat(1.0f), total),
-                              _mm512_div_ps(e, total));
-#else
-  return _mm256_blendv_ps(_mm256_div_ps(splat(1.0f), total), _mm256_div_ps(e, total),
-                          _mm256_cmp_ps(g, zero(), _CMP_LT_OQ));
-#endif
 }
 
 // silu(gate) * up for gate_up [B, 2F] -> [B, F]; silu(g) = g * sigmoid(g).

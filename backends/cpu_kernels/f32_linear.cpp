@@ -15,6 +15,14 @@
 // time at 1-64 rows, 0.92x at 2048 (oneDNN reached ~50% of the FMA peak at 16 rows).
 //
 //   f32_linear(x [.., K], packed [N / 16, K, 16], bias [N]?) -> [.., N]   all float32
+//   f32_silu_mul_linear(x [.., K], packed [N / 16, K, 16]) -> [.., N / 2]
+//
+// The second is an MLP's gate / up projection packed with gate's and up's columns side by
+// side (cpu_linear.pack_for_f32_silu_mul): a tile's two halves are 8 gate and the same 8 up
+// sums, and it stores silu(gate) * up, so the [M, N] projection never goes to memory and back.
+// 12 W1 layers' gate / up and SiLU, distinct weights, against the linear then inductor's SiLU
+// in one compiled graph (alternating, same process): 0.89x the time at 16 rows, 0.97x at 64
+// and 512. The sums are the first form's, bit for bit.
 //
 // The accumulators are two arrays indexed by constants after unrolling, and the prefetch test
 // a template argument: with one [Rows][2] array and the test in the loop, GCC kept them on the
@@ -25,6 +33,8 @@
 #include <ATen/ops/empty.h>
 #include <immintrin.h>
 #include <torch/library.h>
+
+#include "simd.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -40,8 +50,9 @@ struct Problem {
   const float* x;     // [M, K]
   const float* w;     // [N / 16, K, 16]
   const float* bias;  // [N] or null
-  float* out;         // [M, N]
+  float* out;         // [M, N], or [M, N / 2] with silu_mul
   int64_t m, k, n;
+  bool silu_mul;      // each block's columns 0-7 gate, 8-15 up: out = silu(gate) * up
 };
 
 // How a tile helps the memory ahead of it. kAhead: the first row tile of a block, whose weights
@@ -82,6 +93,15 @@ void tile(const Problem& p, int64_t row, int64_t block, NextLines next) {
       low[r] = _mm256_fmadd_ps(input, w0, low[r]);
       high[r] = _mm256_fmadd_ps(input, w1, high[r]);
     }
+  }
+  if (p.silu_mul) {  // 8 outputs a block
+    float* out = p.out + row * (p.n / 2) + block * (kColumns / 2);
+#pragma GCC unroll 8
+    for (int r = 0; r < Rows; ++r) {
+      const __m256 silu = _mm256_mul_ps(low[r], switchyard_simd::sigmoid8(low[r]));
+      _mm256_storeu_ps(out + r * (p.n / 2), _mm256_mul_ps(silu, high[r]));
+    }
+    return;
   }
   const int64_t column = block * kColumns;
   const __m256 bias0 = p.bias ? _mm256_loadu_ps(p.bias + column) : _mm256_setzero_ps();
@@ -161,8 +181,8 @@ void run(const Problem& p) {
   });
 }
 
-at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& packed,
-                      const std::optional<at::Tensor>& bias) {
+at::Tensor linear(const at::Tensor& x, const at::Tensor& packed,
+                  const std::optional<at::Tensor>& bias, bool silu_mul) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && packed.scalar_type() == at::kFloat,
               "f32_linear: x and the packed weight must be float32");
   TORCH_CHECK(packed.dim() == 3 && packed.size(2) == kColumns && packed.is_contiguous(),
@@ -177,20 +197,35 @@ at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& packed,
   }
   const at::Tensor rows = x.reshape({-1, k}).contiguous();
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-  shape.back() = n;
-  at::Tensor out = at::empty({rows.size(0), n}, x.options());
+  shape.back() = silu_mul ? n / 2 : n;
+  at::Tensor out = at::empty({rows.size(0), shape.back()}, x.options());
   if (rows.size(0) > 0) {
     run(Problem{rows.const_data_ptr<float>(), packed.const_data_ptr<float>(),
                 bias.has_value() ? bias->const_data_ptr<float>() : nullptr,
-                out.mutable_data_ptr<float>(), rows.size(0), k, n});
+                out.mutable_data_ptr<float>(), rows.size(0), k, n, silu_mul});
   }
   return out.view(shape);
+}
+
+at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& packed,
+                      const std::optional<at::Tensor>& bias) {
+  return linear(x, packed, bias, false);
+}
+
+// silu(gate) * up of a gate / up projection packed by cpu_linear.pack_for_f32_silu_mul:
+// block b holds gate columns 8b..8b+7, then up's.
+at::Tensor f32_silu_mul_linear(const at::Tensor& x, const at::Tensor& packed) {
+  return linear(x, packed, std::nullopt, true);
 }
 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(switchyard_cpu, m) {
   m.def("f32_linear(Tensor x, Tensor packed, Tensor? bias) -> Tensor");
+  m.def("f32_silu_mul_linear(Tensor x, Tensor packed) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(switchyard_cpu, CPU, m) { m.impl("f32_linear", &f32_linear); }
+TORCH_LIBRARY_IMPL(switchyard_cpu, CPU, m) {
+  m.impl("f32_linear", &f32_linear);
+  m.impl("f32_silu_mul_linear", &f32_silu_mul_linear);
+}

@@ -90,38 +90,65 @@ inline float max_all(Vec v) {
 inline Vec zero() { return _mm256_setzero_ps(); }
 #endif
 
-// exp(x) for x <= 0 (Cephes' polynomial, ~1 ulp); x below -87 gives 0, as -inf does.
-inline Vec exp_nonpositive(Vec x) {
+// exp(x) for x <= 0 (Cephes' polynomial, ~1 ulp); x below -87 gives 0, as -inf does. Eight
+// lanes in either build (the float32 linear's SiLU), and the build's width.
+constexpr float kExpPolynomial[] = {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f,
+                                    1.6666665459e-1f, 5.0000001201e-1f};
+constexpr float kExpFirst = 1.9875691500e-4f;
+
+inline __m256 exp_nonpositive8(__m256 x) {
+  const __m256 clamped = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(clamped, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), clamped);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(kExpFirst);
+  for (float c : kExpPolynomial) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+  p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r);
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n),
+                                                          _mm256_set1_epi32(127)), 23);
+  const __m256 e = _mm256_mul_ps(_mm256_add_ps(p, _mm256_set1_ps(1.0f)),
+                                 _mm256_castsi256_ps(bits));
+  return _mm256_and_ps(e, _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_GE_OQ));
+}
+
 #ifdef SWITCHYARD_VNNI
+inline Vec exp_nonpositive(Vec x) {
   const Vec clamped = _mm512_max_ps(x, splat(-87.0f));
   const Vec n = _mm512_roundscale_ps(mul(clamped, splat(1.44269504088896341f)),
                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   Vec r = _mm512_fnmadd_ps(n, splat(0.693359375f), clamped);
   r = _mm512_fnmadd_ps(n, splat(-2.12194440e-4f), r);
-#else
-  const Vec clamped = _mm256_max_ps(x, splat(-87.0f));
-  const Vec n = _mm256_round_ps(mul(clamped, splat(1.44269504088896341f)),
-                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  Vec r = _mm256_fnmadd_ps(n, splat(0.693359375f), clamped);
-  r = _mm256_fnmadd_ps(n, splat(-2.12194440e-4f), r);
-#endif
-  Vec p = splat(1.9875691500e-4f);
-  p = fmadd(p, r, splat(1.3981999507e-3f));
-  p = fmadd(p, r, splat(8.3334519073e-3f));
-  p = fmadd(p, r, splat(4.1665795894e-2f));
-  p = fmadd(p, r, splat(1.6666665459e-1f));
-  p = fmadd(p, r, splat(5.0000001201e-1f));
+  Vec p = splat(kExpFirst);
+  for (float c : kExpPolynomial) p = fmadd(p, r, splat(c));
   p = fmadd(mul(p, r), r, r);
-#ifdef SWITCHYARD_VNNI
   const Vec e = _mm512_scalef_ps(add(p, splat(1.0f)), n);
   return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, splat(-87.0f), _CMP_GE_OQ), e);
-#else
-  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n),
-                                                          _mm256_set1_epi32(127)), 23);
-  const Vec e = mul(add(p, splat(1.0f)), _mm256_castsi256_ps(bits));
-  return _mm256_and_ps(e, _mm256_cmp_ps(x, splat(-87.0f), _CMP_GE_OQ));
-#endif
 }
+#else
+inline Vec exp_nonpositive(Vec x) { return exp_nonpositive8(x); }
+#endif
+
+// 1 / (1 + exp(-g)) from exp(-|g|), which cannot overflow; eight lanes in either build (the
+// float32 linear's SiLU), and the build's width (the fused decode layers').
+inline __m256 sigmoid8(__m256 g) {
+  const __m256 e = exp_nonpositive8(_mm256_or_ps(g, _mm256_set1_ps(-0.0f)));  // -|g|
+  const __m256 total = _mm256_add_ps(_mm256_set1_ps(1.0f), e);
+  return _mm256_blendv_ps(_mm256_div_ps(_mm256_set1_ps(1.0f), total), _mm256_div_ps(e, total),
+                          _mm256_cmp_ps(g, _mm256_setzero_ps(), _CMP_LT_OQ));
+}
+
+#ifdef SWITCHYARD_VNNI
+inline Vec sigmoid(Vec g) {
+  const Vec e = exp_nonpositive(sub(zero(), _mm512_abs_ps(g)));  // -|g|
+  const Vec total = add(splat(1.0f), e);
+  const __mmask16 negative = _mm512_cmp_ps_mask(g, zero(), _CMP_LT_OQ);
+  return _mm512_mask_blend_ps(negative, _mm512_div_ps(splat(1.0f), total),
+                              _mm512_div_ps(e, total));
+}
+#else
+inline Vec sigmoid(Vec g) { return sigmoid8(g); }
+#endif
 
 // f(item) for item in [0, count), thread t taking items t, t + threads, ...: work that grows
 // with the item (causal tiles, longer rows) is dealt out evenly, where at::parallel_for's

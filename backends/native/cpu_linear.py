@@ -26,7 +26,9 @@ the last bf16 bit now and then. A plain tensor buffer, it needs no handle and no
 Where our kernels run AVX2 code (AVX2-only CPUs, whose engines run float32), float32 weights
 go to our AVX2 FMA kernel the same way (`cpu_kernels/f32_linear.cpp`, `f32_kernel=True`; the
 engine's `f32_linear_kernel`): 0.64-0.75x oneDNN's time at 1-64 rows, 0.92x at 2048. On
-AVX-512 CPUs float32 stays on oneDNN (this kernel's AVX2 code is not measured there).
+AVX-512 CPUs float32 stays on oneDNN (this kernel's AVX2 code is not measured there). A gate /
+up projection the model marks (`feeds_silu_mul`) is packed so that the kernel applies
+silu(gate) * up to its sums (`silu_mul`), the MLP's activation fused into the matmul.
 """
 
 from __future__ import annotations
@@ -108,8 +110,10 @@ class PrepackedLinear(nn.Module):
         self.kernel = _kernel_for(weight, bf16_kernel, f32_kernel)
         # Our C++ operators where our kernels are built (no Python in the call), else this file's
         self.native = active_variant() is not None
+        self.fuses_silu_mul = self.kernel == "f32" and _feeds_silu_mul(linear, self.shards)
         if self.kernel != "onednn":
-            pack = pack_for_bf16_kernel if self.kernel == "bf16" else pack_for_f32_kernel
+            pack = (pack_for_bf16_kernel if self.kernel == "bf16"
+                    else pack_for_f32_silu_mul if self.fuses_silu_mul else pack_for_f32_kernel)
             self.register_buffer("packed", pack(weight), persistent=False)
             return
         packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), BATCH_HINT)
@@ -120,6 +124,8 @@ class PrepackedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != self.dtype:
             raise TypeError(f"PrepackedLinear holds {self.dtype} weights, got {x.dtype} input")
+        if self.fuses_silu_mul:
+            raise RuntimeError("this gate / up projection is packed for silu_mul()")
         if self.kernel == "bf16":
             return torch.ops.switchyard_cpu.bf16_linear(x, self.packed, self.bias)
         if self.kernel == "f32":
@@ -128,6 +134,11 @@ class PrepackedLinear(nn.Module):
             return torch.ops.switchyard_cpu.prepacked_linear(x, self.handle, self.out_features,
                                                              self.bias)
         return prepacked_linear(x, self.handle, self.out_features, self.bias)
+
+    def silu_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up where `fuses_silu_mul`: the kernel's tiles apply it to their sums,
+        so the [rows, 2F] projection is never written and read back."""
+        return torch.ops.switchyard_cpu.f32_silu_mul_linear(x, self.packed)
 
     def extra_bytes(self) -> int:
         """The packed weight: a non-persistent buffer or oneDNN's, so resident_bytes asks."""
@@ -153,6 +164,13 @@ def _kernel_for(weight: torch.Tensor, bf16_kernel: bool, f32_kernel: bool) -> st
     return "f32" if f32_kernel and uses_f32_kernel(weight) else "onednn"
 
 
+def _feeds_silu_mul(linear: nn.Module, shards: list[int]) -> bool:
+    """A gate / up projection (the model marks it) of two halves in blocks of 8 outputs."""
+    marked = bool(getattr(linear, "feeds_silu_mul", False))
+    return marked and getattr(linear, "bias", None) is None and len(shards) == 2 \
+        and shards[0] == shards[1] and shards[0] % 8 == 0
+
+
 def uses_f32_kernel(weight: torch.Tensor) -> bool:
     """Our float32 kernel runs this weight: float32, on a CPU where our kernels run their AVX2
     code, 16 output columns a block."""
@@ -164,6 +182,15 @@ def pack_for_f32_kernel(weight: torch.Tensor) -> torch.Tensor:
     """[N, K] -> [N / 16, K, 16]: 16 output columns a block, a k a 64-byte line."""
     rows, columns = weight.shape
     return weight.reshape(rows // 16, 16, columns).transpose(1, 2).contiguous()
+
+
+def pack_for_f32_silu_mul(weight: torch.Tensor) -> torch.Tensor:
+    """A gate / up projection [2F, K] (gate's rows first) -> [2F / 16, K, 16], block b
+    holding gate's rows 8b..8b+7 then up's: the kernel's tile has both halves of its 8
+    outputs of silu(gate) * up."""
+    rows, columns = weight.shape
+    gate, up = weight.view(2, rows // 16, 8, columns).unbind(0)
+    return pack_for_f32_kernel(torch.cat([gate, up], dim=1).reshape(rows, columns))
 
 
 def pack_for_bf16_kernel(weight: torch.Tensor) -> torch.Tensor:

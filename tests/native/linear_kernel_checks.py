@@ -32,13 +32,15 @@ def float64_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
 
 def kernels_and_tokens(model: Path, dtype: str, setting: str,
                        ) -> tuple[list[str], list[list[list[int]]]]:
-    """The first MLP's linear kernel and two prompts' greedy tokens, `setting` False then True."""
+    """The first MLP's gate / up kernel ("+silu_mul" where it fuses the activation) and two
+    prompts' greedy tokens, `setting` False then True."""
     greedy = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     prompts = [[5, 6, 7, 8, 9] * 6, [11, 12, 13]]
     kernels, outputs = [], []
     for ours in (False, True):
         engine = LLMEngine(EngineConfig(model=str(model), dtype=dtype, compile=False,
                                         max_total_tokens=128, **{setting: ours}))
-        kernels.append(engine.loaded.model.model.layers[0].mlp.gate_up_proj.kernel)
+        gate_up = engine.loaded.model.model.layers[0].mlp.gate_up_proj
+        kernels.append(gate_up.kernel + ("+silu_mul" if gate_up.fuses_silu_mul else ""))
         outputs.append([s.output_token_ids for s in engine.generate(prompts, greedy)])
     return kernels, outputs

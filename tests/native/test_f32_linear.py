@@ -1,7 +1,8 @@
 """Our AVX2 FMA float32 linear (cpu_kernels/f32_linear.cpp) against a float64 reference,
-through PrepackedLinear, compiled, and in the engine. The operator is AVX2 code, built into
-both variants of our kernels, so it is tested wherever they build; the engine picks it only
-where they run their AVX2 code (patched here on AVX-512 machines)."""
+through PrepackedLinear, compiled, and in the engine; its gate / up form (silu(gate) * up on
+the tiles' sums) against the linear followed by torch's SiLU. The operator is AVX2 code,
+built into both variants of our kernels, so it is tested wherever they build; the engine
+picks it only where they run their AVX2 code (patched here on AVX-512 machines)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from torch import nn
 
 from backends.cpu_kernels.build import active_variant
 from backends.native import cpu_linear
-from backends.native.cpu_linear import PrepackedLinear, pack_for_f32_kernel
+from backends.native.cpu_linear import PrepackedLinear, pack_for_f32_kernel, pack_for_f32_silu_mul
+from backends.native.models.llama import FusedLinear
 from tests.native.linear_kernel_checks import (
     float64_reference,
     kernels_and_tokens,
@@ -126,7 +128,7 @@ def test_compiles_as_an_opaque_op(avx2_kernels: None) -> None:
 def test_engine_tokens_do_not_change(tiny_model: Callable[[str], Path],
                                      avx2_kernels: None) -> None:
     kernels, outputs = kernels_and_tokens(tiny_model("llama_gqa"), "float32", "f32_linear_kernel")
-    assert kernels == ["onednn", "f32"]
+    assert kernels == ["onednn", "f32+silu_mul"]
     assert outputs[0] == outputs[1]
 
 
@@ -147,3 +149,65 @@ def test_any_thread_count_gives_the_one_thread_result(threads: int) -> None:
             assert torch.equal(torch.ops.switchyard_cpu.f32_linear(x, packed, bias), alone)
     finally:
         torch.set_num_threads(before)
+
+
+def _silu_mul_unfused(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    plain = torch.ops.switchyard_cpu.f32_linear(x, pack_for_f32_kernel(weight), None)
+    gate, up = plain.chunk(2, -1)
+    return F.silu(gate) * up
+
+
+@pytest.mark.parametrize("rows", [1, 5, 6, 7, 64, 333])
+@pytest.mark.parametrize(("f", "k"), [(8, 1), (24, 96), (2048, 768)])
+def test_silu_mul_is_the_linear_then_silu(rows: int, f: int, k: int) -> None:
+    """The gate and up sums are the plain kernel's (same k order); only SiLU and the product
+    round on their own: within 4 ulps of torch's. A float64 check catches a misplaced column."""
+    weight, _ = _weights(2 * f, k, bias=False)
+    x = torch.randn(rows, k)
+    got = torch.ops.switchyard_cpu.f32_silu_mul_linear(x, pack_for_f32_silu_mul(weight))
+    assert got.shape == (rows, f) and got.dtype == torch.float32
+    torch.testing.assert_close(got, _silu_mul_unfused(x, weight), rtol=4 * 2.0**-23, atol=1e-30)
+    exact_gate, exact_up = (x.double() @ weight.double().t()).chunk(2, -1)
+    exact = F.silu(exact_gate) * exact_up
+    assert (got.double() - exact).abs().max() <= 1e-5 * exact.abs().max()
+
+
+def test_silu_mul_saturates_without_overflow() -> None:
+    """Gates far past exp's range: silu(g) is g for large g and 0 for very negative g."""
+    weight = torch.zeros(32, 4)
+    weight[:16, 0] = torch.tensor([200.0, -200.0, 90.0, -90.0] * 4)  # gates
+    weight[16:, 1] = 1.0  # up = x[1]
+    x = torch.tensor([[1.0, 3.0, 0.0, 0.0]])
+    got = torch.ops.switchyard_cpu.f32_silu_mul_linear(x, pack_for_f32_silu_mul(weight))
+    assert got[0, :4].tolist() == [600.0, 0.0, 270.0, pytest.approx(-90 * 3 * torch.e**-90)]
+    assert bool(torch.isfinite(got).all())
+
+
+def _gate_up(f: int, k: int, marked: bool = True, bias: bool = False) -> FusedLinear:
+    torch.manual_seed(0)
+    linear = FusedLinear(k, [f, f], bias=bias, feeds_silu_mul=marked)
+    nn.init.normal_(linear.weight)
+    return linear
+
+
+def test_prepacked_gate_up_fuses_silu_mul(avx2_kernels: None) -> None:
+    gate_up = _gate_up(24, 96)
+    x = torch.randn(5, 96)
+    with torch.inference_mode():
+        fused = PrepackedLinear(gate_up, f32_kernel=True)
+        assert fused.fuses_silu_mul
+        gate, up = F.linear(x, gate_up.weight).chunk(2, -1)
+        torch.testing.assert_close(fused.silu_mul(x), F.silu(gate) * up)
+        with pytest.raises(RuntimeError, match="packed for silu_mul"):
+            fused(x)
+
+
+@pytest.mark.parametrize(("linear", "f32_kernel"), [
+    (lambda: _gate_up(24, 96, marked=False), True),  # not a gate / up projection
+    (lambda: _gate_up(24, 96, bias=True), True),
+    (lambda: _gate_up(20, 96), True),  # 20 outputs a half: not blocks of 8
+    (lambda: _gate_up(24, 96), False),  # oneDNN
+])
+def test_silu_mul_fused_only_where_it_fits(linear: Callable[[], FusedLinear], f32_kernel: bool,
+                                           avx2_kernels: None) -> None:
+    assert not PrepackedLinear(linear(), f32_kernel=f32_kernel).fuses_silu_mul

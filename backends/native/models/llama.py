@@ -51,9 +51,11 @@ class RMSNorm(nn.Module):
 class FusedLinear(nn.Module):
     """One matmul for several projections; `shards` are their output sizes in order."""
 
-    def __init__(self, in_features: int, shards: list[int], bias: bool) -> None:
+    def __init__(self, in_features: int, shards: list[int], bias: bool,
+                 feeds_silu_mul: bool = False) -> None:
         super().__init__()
         self.shards = shards
+        self.feeds_silu_mul = feeds_silu_mul  # [gate, up]: a packed kernel may fuse the two
         self.weight = nn.Parameter(torch.empty(sum(shards), in_features))
         self.bias = nn.Parameter(torch.zeros(sum(shards))) if bias else None
 
@@ -153,10 +155,13 @@ class LlamaMLP(nn.Module):
     def __init__(self, config: PretrainedConfig) -> None:
         super().__init__()
         size = config.intermediate_size
-        self.gate_up_proj = FusedLinear(config.hidden_size, [size, size], bias=False)
+        self.gate_up_proj = FusedLinear(config.hidden_size, [size, size], bias=False,
+                                        feeds_silu_mul=True)
         self.down_proj = nn.Linear(size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if getattr(self.gate_up_proj, "fuses_silu_mul", False):  # cpu_linear.PrepackedLinear
+            return self.down_proj(self.gate_up_proj.silu_mul(x))
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         return self.down_proj(nn.functional.silu(gate) * up)
 
