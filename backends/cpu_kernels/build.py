@@ -33,6 +33,7 @@ import os
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -99,7 +100,7 @@ def active_variant() -> str | None:
     if name is None:
         return None
     try:
-        torch.ops.load_library(str(_built_library(name)))
+        torch.ops.load_library(str(built_library(KernelBuild(name))))
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
         log.warning("our CPU kernels are unavailable (%s); torch's kernels run instead", exc)
         return None
@@ -113,17 +114,62 @@ def bf16_linear_built() -> bool:
     return active_variant() is not None and bool(torch.ops.switchyard_cpu.bf16_linear_built())
 
 
-def _compile_commands(name: str, folder: Path) -> list[list[str]]:
+@dataclass(frozen=True)
+class KernelBuild:
+    """What goes into one library: the variant's flags, which sources, and for tests extra
+    flags (before each source), the headers those bring in and the library's name."""
+
+    variant: str
+    sources: tuple[Path, ...] = tuple(SOURCES)
+    extra_flags: tuple[str, ...] = ()
+    extra_headers: tuple[Path, ...] = ()
+    prefix: str = "switchyard_cpu"
+
+
+def built_library(spec: KernelBuild) -> Path:
+    """The library `spec` describes, from the cache or built there (sources in parallel,
+    renamed into place: atomic); named by everything that goes into it."""
+    folder = _kernel_dir()
+    objects = Path("obj")
+    commands = [*_compile_commands(spec, objects), _link_command(spec, objects, Path("out"))]
+    key = hashlib.sha256("\n".join([
+        *[source.read_text() for source in (*spec.sources, *HEADERS, *spec.extra_headers)],
+        torch.__version__, *[" ".join(command) for command in commands],
+    ]).encode()).hexdigest()[:16]
+    target = folder / f"{spec.prefix}-{spec.variant}-{key}.so"
+    if target.exists():
+        return target
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(dir=folder) as tmp:
+        built = Path(tmp) / target.name
+        compiles = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True) for command in _compile_commands(spec, Path(tmp))]
+        for process in compiles:
+            _, errors = process.communicate(timeout=BUILD_TIMEOUT_S)
+            if process.returncode != 0:
+                raise RuntimeError(f"building our CPU kernels failed: {errors.strip()[-2000:]}")
+        linked = subprocess.run(_link_command(spec, Path(tmp), built), capture_output=True,
+                                text=True, timeout=BUILD_TIMEOUT_S, check=False)
+        if linked.returncode != 0:
+            raise RuntimeError(f"linking our CPU kernels failed: {linked.stderr.strip()[-2000:]}")
+        os.replace(built, target)
+    log.info("CPU kernels (%s) built in %.1fs: %s", spec.variant, time.perf_counter() - start,
+             target)
+    return target
+
+
+def _compile_commands(spec: KernelBuild, folder: Path) -> list[list[str]]:
     """One command per source (object file in `folder`), in parallel."""
     compiler = os.environ.get("CXX", "g++")
     includes = [f"-I{path}" for path in cpp_extension.include_paths()]
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     _, flags = read_cpuinfo()
-    return [[compiler, "-O3", "-fPIC", "-std=c++20", "-fopenmp", *VARIANTS[name], *extra,
-             *_optional_isa_flags(source, name, flags or frozenset()),
+    return [[compiler, "-O3", "-fPIC", "-std=c++20", "-fopenmp", *VARIANTS[spec.variant],
+             *SOURCES.get(source, ()), *spec.extra_flags,
+             *_optional_isa_flags(source, spec.variant, flags or frozenset()),
              f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-w", *includes, "-c", str(source),
              "-o", str(folder / f"{source.stem}.o")]
-            for source, extra in SOURCES.items()]
+            for source in spec.sources]
 
 
 def _optional_isa_flags(source: Path, name: str, flags: frozenset[str]) -> tuple[str, ...]:
@@ -131,40 +177,12 @@ def _optional_isa_flags(source: Path, name: str, flags: frozenset[str]) -> tuple
     return (compiler_flag,) if variant == name and cpu_flag in flags else ()
 
 
-def _link_command(folder: Path, output: Path) -> list[str]:
+def _link_command(spec: KernelBuild, folder: Path, output: Path) -> list[str]:
     lib_dirs = cpp_extension.library_paths()
     return [os.environ.get("CXX", "g++"), "-shared", "-fopenmp",
-            *[str(folder / f"{source.stem}.o") for source in SOURCES], "-o", str(output),
+            *[str(folder / f"{source.stem}.o") for source in spec.sources], "-o", str(output),
             *[f"-L{d}" for d in lib_dirs], "-lc10", "-ltorch_cpu",
             *[f"-Wl,-rpath,{d}" for d in lib_dirs]]
-
-
-def _built_library(name: str) -> Path:
-    folder = _kernel_dir()
-    commands = [*_compile_commands(name, Path("obj")), _link_command(Path("obj"), Path("out"))]
-    key = hashlib.sha256("\n".join([
-        *[source.read_text() for source in (*SOURCES, *HEADERS)], torch.__version__,
-        *[" ".join(command) for command in commands],
-    ]).encode()).hexdigest()[:16]
-    target = folder / f"switchyard_cpu-{name}-{key}.so"
-    if target.exists():
-        return target
-    start = time.perf_counter()
-    with tempfile.TemporaryDirectory(dir=folder) as tmp:  # renamed into place: atomic
-        built = Path(tmp) / target.name
-        compiles = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True) for command in _compile_commands(name, Path(tmp))]
-        for process in compiles:
-            _, errors = process.communicate(timeout=BUILD_TIMEOUT_S)
-            if process.returncode != 0:
-                raise RuntimeError(f"building our CPU kernels failed: {errors.strip()[-2000:]}")
-        linked = subprocess.run(_link_command(Path(tmp), built), capture_output=True, text=True,
-                                timeout=BUILD_TIMEOUT_S, check=False)
-        if linked.returncode != 0:
-            raise RuntimeError(f"linking our CPU kernels failed: {linked.stderr.strip()[-2000:]}")
-        os.replace(built, target)
-    log.info("CPU kernels (%s) built in %.1fs: %s", name, time.perf_counter() - start, target)
-    return target
 
 
 def _kernel_dir() -> Path:
