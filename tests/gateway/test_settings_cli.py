@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -114,3 +115,26 @@ def test_console_script_help() -> None:
     for flag in ("--model-id", "--max-input-tokens", "--max-input-length", "--kv-cache-memory",
                  "--max-batch-prefill-tokens", "--served-model-name", "--num-threads"):
         assert flag in out
+
+
+THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
+@pytest.mark.skipif(not THP_SETTING.exists() or "[never]" in THP_SETTING.read_text(),
+                    reason="this kernel gives no transparent huge pages")
+@pytest.mark.parametrize(("given", "huge"), [(None, True), ("0", False)])
+def test_serving_backs_torch_allocations_with_huge_pages(given: str | None, huge: bool) -> None:
+    """What `serve` sets before any backend loads reaches torch's allocator: a 32 MB tensor
+    lands in transparent huge pages, unless THP_MEM_ALLOC_ENABLE=0 was given."""
+    code = (
+        "from gateway.cli import prefer_huge_pages; prefer_huge_pages();"
+        "import torch; x = torch.ones(8 << 20);"
+        "rollup = open('/proc/self/smaps_rollup').read();"
+        "print(int(rollup.split('AnonHugePages:')[1].split()[0]))"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+    if given is not None:
+        env["THP_MEM_ALLOC_ENABLE"] = given
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=120, check=True).stdout
+    assert (int(out.split()[-1]) >= 16 << 10) == huge  # kB
