@@ -27,6 +27,7 @@ import torch
 from backends.cpu_kernels import build
 from backends.native.cpu_dtype import read_cpuinfo
 from backends.quantized import int8_dot_layout
+from tests.quantized import test_int8_dot
 from tests.quantized.helpers import ROOT
 
 HEADER = Path(__file__).with_name("avx512_stand_ins.h")
@@ -96,7 +97,6 @@ def _check_attention() -> None:
 
 
 def _check_q4() -> None:
-    from tests.quantized import test_int8_dot
     torch.set_num_threads(1)
     test_int8_dot.check_products()
 
@@ -132,12 +132,14 @@ def _decode_layers(namespace: object, rows: int, hidden: int, heads: int, kv_hea
                    ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
     gen = torch.Generator().manual_seed(seed)
     width, weights = 3, []
-    for _ in range(layers):
+    for layer in range(layers):
+        first = 4 * (layers * seed + layer)  # each projection its own weights
         weights += [1 + 0.1 * torch.randn(hidden, generator=gen),
-                    *_q4((heads + 2 * kv_heads) * head_dim, hidden, group, gen),
-                    *_q4(hidden, heads * head_dim, group, gen),
+                    *_q4((heads + 2 * kv_heads) * head_dim, hidden, group, first),
+                    *_q4(hidden, heads * head_dim, group, first + 1),
                     1 + 0.1 * torch.randn(hidden, generator=gen),
-                    *_q4(2 * ffn, hidden, group, gen), *_q4(hidden, ffn, group, gen)]
+                    *_q4(2 * ffn, hidden, group, first + 2),
+                    *_q4(hidden, ffn, group, first + 3)]
     blocks = rows * width + 2
     shape = (blocks, kv_heads, block_size, head_dim)
     k_caches = [torch.randn(shape, generator=gen) for _ in range(layers)]
@@ -157,10 +159,8 @@ def _decode_layers(namespace: object, rows: int, hidden: int, heads: int, kv_hea
     return out, k_caches, v_caches
 
 
-def _q4(n: int, k: int, group: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    values = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8)
-    scale = (torch.rand(n, k // group, generator=gen) * 0.02 + 0.001).half().float()
-    zero = (torch.randn(n, k // group, generator=gen) * 0.05).half().float()
+def _q4(n: int, k: int, group: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    values, scale, zero = test_int8_dot._weights(n, k, group, seed)
     return int8_dot_layout.pack(values), int8_dot_layout.pack_scales(scale, zero)
 
 
