@@ -12,6 +12,12 @@
 //
 //   bf16_linear_built() -> bool          whether this build has the kernel (AVX-512-BF16)
 //   bf16_linear(x [.., K], packed [N / 16, K / 2, 16, 2], bias [N]?) -> [.., N]   all bf16
+//   bf16_silu_mul_linear(x [.., K], packed [N / 16, K / 2, 16, 2]) -> [.., N / 2]
+//
+// The second is an MLP's gate / up projection packed with gate's and up's columns in
+// alternate blocks (cpu_linear.pack_for_bf16_silu_mul): a tile's two blocks are 16 gate and
+// the same 16 up sums, and it stores silu(gate) * up from the float32 sums, rounded once, so
+// the [M, N] projection is never written and read back.
 //
 // build.py compiles this file with -mavx512bf16 where the CPU has it; elsewhere the operator
 // exists and refuses to run (the engine then keeps oneDNN).
@@ -22,6 +28,8 @@
 #include <c10/util/BFloat16.h>
 #include <immintrin.h>
 #include <torch/library.h>
+
+#include "simd.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -51,9 +59,14 @@ struct Problem {
   const int32_t* x;      // [M, K / 2] bf16 pairs
   const uint16_t* w;     // [N / 16, K / 2, 16, 2]
   const uint16_t* bias;  // [N] or null
-  uint16_t* out;         // [M, N]
+  uint16_t* out;         // [M, N], or [M, N / 2] with silu_mul
   int64_t m, pairs, n;
+  bool silu_mul;         // blocks 2j, 2j + 1: gate's and up's columns 16j..16j + 15
 };
+
+inline void store_bf16(uint16_t* out, __m512 sums) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), (__m256i)_mm512_cvtneps_pbh(sums));
+}
 
 // Rows [row, row + Rows) x blocks [block, block + Blocks).
 template <int Rows, int Blocks>
@@ -81,6 +94,16 @@ void tile(const Problem& p, int64_t row, int64_t block, bool prefetch) {
       for (int b = 0; b < Blocks; ++b) acc[r][b] = _mm512_dpbf16_ps(acc[r][b], pair, weights[b]);
     }
   }
+  if constexpr (Blocks == 2) {
+    if (p.silu_mul) {  // 16 outputs a block pair
+      uint16_t* out = p.out + row * (p.n / 2) + block / 2 * kColumns;
+      for (int r = 0; r < Rows; ++r) {
+        const __m512 silu = _mm512_mul_ps(acc[r][0], switchyard_simd::sigmoid(acc[r][0]));
+        store_bf16(out + r * (p.n / 2), _mm512_mul_ps(silu, acc[r][1]));
+      }
+      return;
+    }
+  }
   for (int b = 0; b < Blocks; ++b) {
     const int64_t column = (block + b) * kColumns;
     __m512 bias = _mm512_setzero_ps();
@@ -89,9 +112,7 @@ void tile(const Problem& p, int64_t row, int64_t block, bool prefetch) {
       bias = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
     }
     for (int r = 0; r < Rows; ++r) {
-      const __m256bh rounded = _mm512_cvtneps_pbh(_mm512_add_ps(acc[r][b], bias));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p.out + (row + r) * p.n + column),
-                          (__m256i)rounded);
+      store_bf16(p.out + (row + r) * p.n + column, _mm512_add_ps(acc[r][b], bias));
     }
   }
 }
@@ -142,8 +163,8 @@ void run(const Problem& p) {
 
 #endif
 
-at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed,
-                       const std::optional<at::Tensor>& bias) {
+at::Tensor linear(const at::Tensor& x, const at::Tensor& packed,
+                  const std::optional<at::Tensor>& bias, bool silu_mul) {
   TORCH_CHECK(bf16_linear_built(),
               "bf16_linear: this build has no AVX-512-BF16 code (the CPU lacks it)");
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && packed.scalar_type() == at::kBFloat16,
@@ -160,9 +181,11 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed,
                 "bf16_linear: bias must be contiguous bfloat16 [", n, "]");
   }
   const at::Tensor rows = x.reshape({-1, k}).contiguous();
+  TORCH_CHECK(!silu_mul || packed.size(0) % 2 == 0,
+              "bf16_silu_mul_linear: packed must hold pairs of gate / up blocks");
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-  shape.back() = n;
-  at::Tensor out = at::empty({rows.size(0), n}, x.options());
+  shape.back() = silu_mul ? n / 2 : n;
+  at::Tensor out = at::empty({rows.size(0), shape.back()}, x.options());
 #ifdef __AVX512BF16__
   if (rows.size(0) > 0) {
     const Problem p{reinterpret_cast<const int32_t*>(rows.const_data_ptr<c10::BFloat16>()),
@@ -171,11 +194,21 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed,
                         ? reinterpret_cast<const uint16_t*>(bias->const_data_ptr<c10::BFloat16>())
                         : nullptr,
                     reinterpret_cast<uint16_t*>(out.mutable_data_ptr<c10::BFloat16>()),
-                    rows.size(0), k / 2, n};
+                    rows.size(0), k / 2, n, silu_mul};
     run(p);
   }
 #endif
   return out.view(shape);
+}
+
+at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed,
+                       const std::optional<at::Tensor>& bias) {
+  return linear(x, packed, bias, false);
+}
+
+// silu(gate) * up of a gate / up projection packed by cpu_linear.pack_for_bf16_silu_mul.
+at::Tensor bf16_silu_mul_linear(const at::Tensor& x, const at::Tensor& packed) {
+  return linear(x, packed, std::nullopt, true);
 }
 
 }  // namespace
@@ -183,10 +216,14 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed,
 TORCH_LIBRARY_FRAGMENT(switchyard_cpu, m) {
   m.def("bf16_linear_built() -> bool");
   m.def("bf16_linear(Tensor x, Tensor packed, Tensor? bias) -> Tensor");
+  m.def("bf16_silu_mul_linear(Tensor x, Tensor packed) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(switchyard_cpu, CompositeExplicitAutograd, m) {
   m.impl("bf16_linear_built", &bf16_linear_built);
 }
 
-TORCH_LIBRARY_IMPL(switchyard_cpu, CPU, m) { m.impl("bf16_linear", &bf16_linear); }
+TORCH_LIBRARY_IMPL(switchyard_cpu, CPU, m) {
+  m.impl("bf16_linear", &bf16_linear);
+  m.impl("bf16_silu_mul_linear", &bf16_silu_mul_linear);
+}

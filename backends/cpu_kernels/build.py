@@ -9,7 +9,9 @@ process:
     switchyard_cpu::paged_prefill_attention  prefill_attention.cpp: a prompt chunk, causal
     switchyard_cpu::prepacked_linear  prepacked_linear.cpp: cpu_linear.py's oneDNN call
     switchyard_cpu::bf16_linear       bf16_linear.cpp: dense bf16 linears (AVX-512-BF16 only)
+    switchyard_cpu::bf16_silu_mul_linear  the same, an MLP's gate / up with silu(gate) * up
     switchyard_cpu::f32_linear        f32_linear.cpp: dense float32 linears (AVX2 only)
+    switchyard_cpu::f32_silu_mul_linear  the same, an MLP's gate / up with silu(gate) * up
     switchyard_cpu::row_argmax        row_argmax.cpp: greedy sampling's argmax per row
     switchyard_cpu::q4_decode_layers  decode_layers.cpp: a decode step's 4-bit layers, chained
 
@@ -228,6 +230,10 @@ def _register_fake() -> None:
     def _bf16_linear(x: torch.Tensor, packed: torch.Tensor,
                      bias: torch.Tensor | None) -> torch.Tensor:
         return x.new_empty((*x.shape[:-1], packed.shape[0] * 16))
+
+    @torch.library.register_fake("switchyard_cpu::bf16_silu_mul_linear")
+    def _bf16_silu_mul_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+        return x.new_empty((*x.shape[:-1], packed.shape[0] * 8))
 
     @torch.library.register_fake("switchyard_cpu::f32_linear")
     def _f32_linear(x: torch.Tensor, packed: torch.Tensor,

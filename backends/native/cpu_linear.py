@@ -110,10 +110,10 @@ class PrepackedLinear(nn.Module):
         self.kernel = _kernel_for(weight, bf16_kernel, f32_kernel)
         # Our C++ operators where our kernels are built (no Python in the call), else this file's
         self.native = active_variant() is not None
-        self.fuses_silu_mul = self.kernel == "f32" and _feeds_silu_mul(linear, self.shards)
+        self.fuses_silu_mul = self.kernel != "onednn" and \
+            _feeds_silu_mul(linear, self.shards, SILU_MUL_BLOCK[self.kernel])
         if self.kernel != "onednn":
-            pack = (pack_for_bf16_kernel if self.kernel == "bf16"
-                    else pack_for_f32_silu_mul if self.fuses_silu_mul else pack_for_f32_kernel)
+            pack = PACKINGS[self.kernel, self.fuses_silu_mul]
             self.register_buffer("packed", pack(weight), persistent=False)
             return
         packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), BATCH_HINT)
@@ -138,6 +138,8 @@ class PrepackedLinear(nn.Module):
     def silu_mul(self, x: torch.Tensor) -> torch.Tensor:
         """silu(gate) * up where `fuses_silu_mul`: the kernel's tiles apply it to their sums,
         so the [rows, 2F] projection is never written and read back."""
+        if self.kernel == "bf16":
+            return torch.ops.switchyard_cpu.bf16_silu_mul_linear(x, self.packed)
         return torch.ops.switchyard_cpu.f32_silu_mul_linear(x, self.packed)
 
     def extra_bytes(self) -> int:
@@ -164,11 +166,12 @@ def _kernel_for(weight: torch.Tensor, bf16_kernel: bool, f32_kernel: bool) -> st
     return "f32" if f32_kernel and uses_f32_kernel(weight) else "onednn"
 
 
-def _feeds_silu_mul(linear: nn.Module, shards: list[int]) -> bool:
-    """A gate / up projection (the model marks it) of two halves in blocks of 8 outputs."""
+def _feeds_silu_mul(linear: nn.Module, shards: list[int], block: int) -> bool:
+    """A gate / up projection (the model marks it) of two halves in blocks of `block`
+    outputs (the kernel's tile holds a block of each)."""
     marked = bool(getattr(linear, "feeds_silu_mul", False))
     return marked and getattr(linear, "bias", None) is None and len(shards) == 2 \
-        and shards[0] == shards[1] and shards[0] % 8 == 0
+        and shards[0] == shards[1] and shards[0] % block == 0
 
 
 def uses_f32_kernel(weight: torch.Tensor) -> bool:
@@ -197,6 +200,22 @@ def pack_for_bf16_kernel(weight: torch.Tensor) -> torch.Tensor:
     """[N, K] -> [N / 16, K / 2, 16, 2]: 16 output columns a block, a k-pair a 64-byte line."""
     rows, columns = weight.shape
     return weight.reshape(rows // 16, 16, columns // 2, 2).permute(0, 2, 1, 3).contiguous()
+
+
+def pack_for_bf16_silu_mul(weight: torch.Tensor) -> torch.Tensor:
+    """A gate / up projection [2F, K] (gate's rows first) -> [2F / 16, K / 2, 16, 2], blocks
+    2j and 2j + 1 holding gate's and up's rows 16j..16j + 15: the kernel's tile (a pair of
+    blocks) has both halves of its 16 outputs of silu(gate) * up."""
+    rows, columns = weight.shape
+    gate, up = weight.view(2, rows // 32, 16, columns).unbind(0)
+    return pack_for_bf16_kernel(torch.stack([gate, up], dim=1).reshape(rows, columns))
+
+
+# Our kernels' packing by (kernel, whether it fuses silu_mul).
+PACKINGS = {("bf16", False): pack_for_bf16_kernel, ("bf16", True): pack_for_bf16_silu_mul,
+            ("f32", False): pack_for_f32_kernel, ("f32", True): pack_for_f32_silu_mul}
+# The gate outputs (and as many up outputs) a fused tile holds, by kernel.
+SILU_MUL_BLOCK = {"bf16": 16, "f32": 8}
 
 
 def can_prepack(device: torch.device, dtype: torch.dtype) -> bool:

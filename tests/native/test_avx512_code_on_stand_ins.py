@@ -110,6 +110,9 @@ def _check_bf16() -> None:
     linear.test_rows_split_where_output_columns_are_few(9)
     linear.test_keeps_leading_dimensions_and_empty_inputs()
     linear.test_a_strided_input_is_read_right()
+    for rows, (f, k) in itertools.product([1, 7, 9, 64], [(16, 2), (48, 96)]):
+        linear.test_silu_mul_matches_float64(rows, f, k)
+    linear.test_silu_mul_saturates_without_overflow()
 
 
 def _check_decode_layers(real: object) -> None:

@@ -1,5 +1,6 @@
 """Our AVX-512-BF16 linear (cpu_kernels/bf16_linear.cpp) against a float64 reference, through
-PrepackedLinear, compiled, and in the engine."""
+PrepackedLinear, compiled, and in the engine; its gate / up form (silu(gate) * up on the
+tile's float32 sums, rounded once) too."""
 
 from __future__ import annotations
 
@@ -13,7 +14,12 @@ from torch import nn
 
 from backends.cpu_kernels.build import bf16_linear_built
 from backends.native import cpu_linear
-from backends.native.cpu_linear import PrepackedLinear, pack_for_bf16_kernel
+from backends.native.cpu_linear import (
+    PrepackedLinear,
+    pack_for_bf16_kernel,
+    pack_for_bf16_silu_mul,
+)
+from backends.native.models.llama import FusedLinear
 from backends.quantized.resident import resident_bytes
 from tests.native.linear_kernel_checks import (
     float64_reference,
@@ -138,5 +144,85 @@ def test_compiles_as_an_opaque_op() -> None:
 
 def test_engine_tokens_do_not_change(tiny_model: Callable[[str], Path]) -> None:
     kernels, outputs = kernels_and_tokens(tiny_model("llama_gqa"), "bfloat16", "bf16_linear_kernel")
-    assert kernels == ["onednn", "bf16"]
+    assert kernels == ["onednn", "bf16+silu_mul"]
     assert outputs[0] == outputs[1]
+
+
+@pytest.mark.parametrize("rows", [1, 7, 8, 9, 64, 333])
+@pytest.mark.parametrize(("f", "k"), [(16, 2), (48, 96), (2048, 768)])
+def test_silu_mul_matches_float64(rows: int, f: int, k: int) -> None:
+    """silu(gate) * up from the exact sums, rounded to bf16 once: within one bf16 rounding (and
+    float32 summation) of the float64 result; a gate or up column from the wrong block, or the
+    unfused path's three roundings, would not be."""
+    weight, _ = _weights(2 * f, k, bias=False)
+    x = torch.randn(rows, k).to(torch.bfloat16)
+    got = torch.ops.switchyard_cpu.bf16_silu_mul_linear(x, pack_for_bf16_silu_mul(weight))
+    exact_gate, exact_up = (x.double() @ weight.double().t()).chunk(2, -1)
+    exact = F.silu(exact_gate) * exact_up
+    sums = (x.double().abs() @ weight.double().abs().t()).chunk(2, -1)
+    float32_sums = (sums[0] * exact_up.abs() + sums[1] * exact_gate.abs()) * 2.0**-20
+    allowed = exact.abs() * 2.0**-8 + float32_sums + 1e-30
+    assert got.shape == (rows, f) and got.dtype == torch.bfloat16
+    error = (got.double() - exact).abs()
+    assert bool((error <= allowed).all()), f"worst excess {(error - allowed).max().item():.3g}"
+
+
+def test_silu_mul_saturates_without_overflow() -> None:
+    """Gates far past exp's range: silu(g) is g for large g and 0 for very negative g."""
+    weight = torch.zeros(64, 4)
+    weight[:32, 0] = torch.tensor([200.0, -200.0, 90.0, -90.0] * 8)  # gates
+    weight[32:, 1] = 1.0  # up = x[1]
+    x = torch.tensor([[1.0, 3.0, 0.0, 0.0]]).to(torch.bfloat16)
+    packed = pack_for_bf16_silu_mul(weight.to(torch.bfloat16))
+    got = torch.ops.switchyard_cpu.bf16_silu_mul_linear(x, packed).float()
+    assert got[0, :4].tolist() == [600.0, 0.0, 270.0, pytest.approx(-90 * 3 * torch.e**-90,
+                                                                    rel=2.0**-8)]
+    assert bool(torch.isfinite(got).all())
+
+
+def _gate_up(f: int, k: int, marked: bool = True, bias: bool = False) -> FusedLinear:
+    torch.manual_seed(0)
+    linear = FusedLinear(k, [f, f], bias=bias, feeds_silu_mul=marked)
+    nn.init.normal_(linear.weight)
+    return linear.to(torch.bfloat16)
+
+
+def test_prepacked_gate_up_fuses_silu_mul() -> None:
+    gate_up = _gate_up(48, 96)
+    x = torch.randn(5, 96).to(torch.bfloat16)
+    with torch.inference_mode():
+        fused = PrepackedLinear(gate_up, bf16_kernel=True)
+        assert fused.kernel == "bf16" and fused.fuses_silu_mul
+        expected = torch.ops.switchyard_cpu.bf16_silu_mul_linear(
+            x, pack_for_bf16_silu_mul(gate_up.weight))
+        assert torch.equal(fused.silu_mul(x), expected)
+        with pytest.raises(RuntimeError, match="packed for silu_mul"):
+            fused(x)
+
+
+def test_silu_mul_compiles_as_an_opaque_op() -> None:
+    fused = PrepackedLinear(_gate_up(48, 96), bf16_kernel=True)
+    compiled = torch.compile(lambda x: torch.relu(fused.silu_mul(x)), dynamic=True,
+                             fullgraph=True)
+    with torch.inference_mode():
+        for rows in (3, 9, 40):
+            x = torch.randn(rows, 96).to(torch.bfloat16)
+            assert torch.equal(compiled(x), torch.relu(fused.silu_mul(x)))
+
+
+@pytest.mark.parametrize(("linear", "bf16_kernel"), [
+    (lambda: _gate_up(48, 96, marked=False), True),  # not a gate / up projection
+    (lambda: _gate_up(48, 96, bias=True), True),
+    (lambda: _gate_up(24, 96), True),  # 24 outputs a half: not blocks of 16
+    (lambda: _gate_up(48, 96), False),  # oneDNN
+])
+def test_silu_mul_fused_only_where_it_fits(linear: Callable[[], FusedLinear],
+                                           bf16_kernel: bool) -> None:
+    assert not PrepackedLinear(linear(), bf16_kernel=bf16_kernel).fuses_silu_mul
+
+
+def test_silu_mul_refuses_an_odd_block_count() -> None:
+    weight, _ = _weights(48, 96, bias=False)  # three blocks: not gate / up pairs
+    x = torch.randn(2, 96).to(torch.bfloat16)
+    with pytest.raises(RuntimeError, match="pairs of gate / up blocks"):
+        torch.ops.switchyard_cpu.bf16_silu_mul_linear(x, pack_for_bf16_kernel(weight))
