@@ -1,8 +1,8 @@
 """Our AVX2 FMA float32 linear (cpu_kernels/f32_linear.cpp) against a float64 reference,
 through PrepackedLinear, compiled, and in the engine; its gate / up form (silu(gate) * up on
 the tiles' sums) against the linear followed by torch's SiLU. The operator is AVX2 code,
-built into both variants of our kernels, so it is tested wherever they build; the engine
-picks it only where they run their AVX2 code (patched here on AVX-512 machines)."""
+built into both variants of our kernels, so it is tested wherever they build, and the engine
+picks it with either variant (it beat oneDNN's float32 GEMMs on AVX-512 too)."""
 
 from __future__ import annotations
 
@@ -26,12 +26,6 @@ from tests.native.linear_kernel_checks import (
 
 pytestmark = pytest.mark.skipif(active_variant() is None,
                                 reason="our CPU kernels do not build here")
-
-
-@pytest.fixture
-def avx2_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The engine's choice as on an AVX2-only CPU, whatever this one is."""
-    monkeypatch.setattr(cpu_linear, "active_variant", lambda: "avx2")
 
 
 def _weights(n: int, k: int, bias: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -98,7 +92,7 @@ def _linear(n: int, k: int, bias: bool = True) -> nn.Linear:
     return nn.Linear(k, n, bias=bias)
 
 
-def test_prepacked_linear_takes_it_where_the_shape_fits(avx2_kernels: None) -> None:
+def test_prepacked_linear_takes_it_where_the_shape_fits() -> None:
     fits, odd = _linear(160, 96), _linear(20, 96)  # 20 output columns: not blocks of 16
     x = torch.randn(5, 96)
     with torch.inference_mode():
@@ -111,12 +105,15 @@ def test_prepacked_linear_takes_it_where_the_shape_fits(avx2_kernels: None) -> N
         torch.testing.assert_close(fallback(x), F.linear(x, odd.weight, odd.bias))
 
 
-def test_not_taken_where_our_kernels_run_avx512_code(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cpu_linear, "active_variant", lambda: "avx512-vnni")
-    assert PrepackedLinear(_linear(160, 96), f32_kernel=True).kernel == "onednn"
+@pytest.mark.parametrize(("variant", "kernel"), [("avx2", "f32"), ("avx512-vnni", "f32"),
+                                                 (None, "onednn")])
+def test_taken_wherever_our_kernels_are_built(monkeypatch: pytest.MonkeyPatch,
+                                              variant: str | None, kernel: str) -> None:
+    monkeypatch.setattr(cpu_linear, "active_variant", lambda: variant)
+    assert PrepackedLinear(_linear(160, 96), f32_kernel=True).kernel == kernel
 
 
-def test_compiles_as_an_opaque_op(avx2_kernels: None) -> None:
+def test_compiles_as_an_opaque_op() -> None:
     packed = PrepackedLinear(_linear(160, 96), f32_kernel=True)
     compiled = torch.compile(lambda x: torch.relu(packed(x)), dynamic=True, fullgraph=True)
     with torch.inference_mode():
@@ -125,8 +122,7 @@ def test_compiles_as_an_opaque_op(avx2_kernels: None) -> None:
             assert torch.equal(compiled(x), torch.relu(packed(x)))
 
 
-def test_engine_tokens_do_not_change(tiny_model: Callable[[str], Path],
-                                     avx2_kernels: None) -> None:
+def test_engine_tokens_do_not_change(tiny_model: Callable[[str], Path]) -> None:
     kernels, outputs = kernels_and_tokens(tiny_model("llama_gqa"), "float32", "f32_linear_kernel")
     assert kernels == ["onednn", "f32+silu_mul"]
     assert outputs[0] == outputs[1]
@@ -190,7 +186,7 @@ def _gate_up(f: int, k: int, marked: bool = True, bias: bool = False) -> FusedLi
     return linear
 
 
-def test_prepacked_gate_up_fuses_silu_mul(avx2_kernels: None) -> None:
+def test_prepacked_gate_up_fuses_silu_mul() -> None:
     gate_up = _gate_up(24, 96)
     x = torch.randn(5, 96)
     with torch.inference_mode():
@@ -208,6 +204,6 @@ def test_prepacked_gate_up_fuses_silu_mul(avx2_kernels: None) -> None:
     (lambda: _gate_up(20, 96), True),  # 20 outputs a half: not blocks of 8
     (lambda: _gate_up(24, 96), False),  # oneDNN
 ])
-def test_silu_mul_fused_only_where_it_fits(linear: Callable[[], FusedLinear], f32_kernel: bool,
-                                           avx2_kernels: None) -> None:
+def test_silu_mul_fused_only_where_it_fits(linear: Callable[[], FusedLinear],
+                                           f32_kernel: bool) -> None:
     assert not PrepackedLinear(linear(), f32_kernel=f32_kernel).fuses_silu_mul
