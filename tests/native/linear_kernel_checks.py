@@ -1,15 +1,17 @@
-"""Shared by our linear kernels' tests: random weights, the float64 reference with its error
-scale, and greedy tokens with a kernel setting off and on."""
+"""Shared by our linear kernels' tests: random weights, a gate / up projection, the float64
+reference with its error scale, and greedy tokens with a kernel setting off and on."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from backends.base import SamplingParams
 from backends.native.config import EngineConfig
 from backends.native.engine import LLMEngine
+from backends.native.models.llama import FusedLinear
 
 
 def random_weights(n: int, k: int, bias: bool, dtype: torch.dtype, seed: int = 0,
@@ -17,6 +19,15 @@ def random_weights(n: int, k: int, bias: bool, dtype: torch.dtype, seed: int = 0
     generator = torch.Generator().manual_seed(seed)
     weight = torch.randn(n, k, generator=generator).to(dtype)
     return weight, (torch.randn(n, generator=generator).to(dtype) if bias else None)
+
+
+def gate_up_projection(f: int, k: int, dtype: torch.dtype, marked: bool = True,
+                       bias: bool = False) -> FusedLinear:
+    """An MLP's gate / up projection of two halves of `f`, marked for silu_mul unless not."""
+    torch.manual_seed(0)
+    linear = FusedLinear(k, [f, f], bias=bias, feeds_silu_mul=marked)
+    nn.init.normal_(linear.weight)
+    return linear.to(dtype)
 
 
 def float64_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,

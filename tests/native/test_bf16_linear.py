@@ -23,6 +23,7 @@ from backends.native.models.llama import FusedLinear
 from backends.quantized.resident import resident_bytes
 from tests.native.linear_kernel_checks import (
     float64_reference,
+    gate_up_projection,
     kernels_and_tokens,
     random_weights,
 )
@@ -181,10 +182,7 @@ def test_silu_mul_saturates_without_overflow() -> None:
 
 
 def _gate_up(f: int, k: int, marked: bool = True, bias: bool = False) -> FusedLinear:
-    torch.manual_seed(0)
-    linear = FusedLinear(k, [f, f], bias=bias, feeds_silu_mul=marked)
-    nn.init.normal_(linear.weight)
-    return linear.to(torch.bfloat16)
+    return gate_up_projection(f, k, torch.bfloat16, marked, bias)
 
 
 def test_prepacked_gate_up_fuses_silu_mul() -> None:
