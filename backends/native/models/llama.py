@@ -103,13 +103,13 @@ def _rope_init(config: PretrainedConfig, head_dim: int) -> tuple[torch.Tensor, f
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    """[-x2, x1] for x = [x1, x2]. As a roll times a sign (exact, as the negation is), which
-    inductor fuses into the rotary's one loop, where a cat of two halves became four more
-    loops a layer before it."""
+    """[-x2, x1] for x = [x1, x2]: the two halves swapped (a flip of a size-2 dim) times a
+    sign, exact as the negation is. Inductor fuses it into the rotary's one loop and keeps
+    the halves' elements contiguous, so the loop stays vectorized: a roll (a gather per
+    element) took 2.7x its time at 576 rows, a cat of the halves 1.3x and four more loops."""
     half = x.shape[-1] // 2
-    sign = torch.ones(x.shape[-1], dtype=x.dtype, device=x.device)
-    sign[:half] = -1.0
-    return torch.roll(x, half, dims=-1) * sign
+    sign = torch.tensor([-1.0, 1.0], dtype=x.dtype, device=x.device).view(2, 1)
+    return (x.unflatten(-1, (2, half)).flip(-2) * sign).flatten(-2)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
