@@ -46,6 +46,17 @@ def _single_thread() -> None:
     torch.set_num_threads(1)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _inductor_cache_per_cpu_kind() -> None:
+    """Tests' own torch.compile calls get a folder per CPU kind, as the engine's do:
+    inductor's keys miss ATEN_CPU_CAPABILITY, and a run capped to AVX2 after an uncapped one
+    reused 16-lane kernels (test_f32_linear's relu left half of each 16 unclamped)."""
+    from backends.native.cpu_dtype import machine_key
+    from backends.native.startup_cache import point_inductor_cache
+
+    point_inductor_cache(None, machine_key())
+
+
 @pytest.fixture(autouse=True)
 def _no_stray_log_handlers() -> Iterator[None]:
     """A test that runs the CLI in-process installs a root stderr handler on pytest's captured
