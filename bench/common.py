@@ -40,6 +40,9 @@ def configure_threads(threads: int, bind: bool) -> str:
     if "torch" in sys.modules:
         raise RuntimeError("configure_threads must run before torch is imported")
     os.environ["OMP_NUM_THREADS"] = str(threads)
+    # torch's big allocations in transparent huge pages, as `switchyard serve` has them
+    # (gateway/cli.py: prefer_huge_pages); an explicit THP_MEM_ALLOC_ENABLE=0 wins.
+    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     cores = list(range(threads))
