@@ -297,6 +297,7 @@ class GenerationTrace:
     request: RequestLabels | None = None
     started: float = field(default_factory=time.perf_counter)
     _last_token_at: float | None = None
+    _itl: Histogram | None = None  # the model's inter-token histogram, looked up once
 
     def event(self, has_tokens: bool) -> None:
         if not has_tokens:
@@ -304,10 +305,11 @@ class GenerationTrace:
         now = time.perf_counter()
         if self._last_token_at is None:
             self.metrics.ttft.labels(self.model).observe(now - self.started)
+            self._itl = self.metrics.itl.labels(self.model)
             if self.request is not None:
                 self.request.ttft_s = now - self.started
-        else:
-            self.metrics.itl.labels(self.model).observe(now - self._last_token_at)
+        elif self._itl is not None:
+            self._itl.observe(now - self._last_token_at)
         self._last_token_at = now
 
     def finished(self, usage: Usage, timings: RequestTimings | None = None) -> None:

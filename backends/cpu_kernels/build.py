@@ -61,8 +61,8 @@ SOURCES: dict[Path, tuple[str, ...]] = {
 }
 # Sources with code for an extension only some CPUs of a variant have: its flag is added where
 # the CPU has it (else the source builds its operators as refusing stubs).
-OPTIONAL_ISA = {Path(__file__).with_name("bf16_linear.cpp"): ("avx512-vnni", "avx512_bf16",
-                                                             "-mavx512bf16")}
+OPTIONAL_ISA = {Path(__file__).with_name(name): ("avx512-vnni", "avx512_bf16", "-mavx512bf16")
+                for name in ("bf16_linear.cpp", "prefill_attention.cpp")}
 HEADERS = (Path(__file__).with_name("simd.h"),
            Path(__file__).with_name("kernel_entry_points.h"))
 SETTING = "SWITCHYARD_CPU_KERNELS"

@@ -20,11 +20,16 @@ from __future__ import annotations
 import logging
 
 import torch
-import torch._dynamo
 from torch import nn
 
 from backends.native.attention import AttentionMetadata, KVCache, no_duck_shapes, paged_attention
-from backends.native.compiled_step import COMPILE_FAILURES, MAX_GRAPHS, GraphCompiler, own_copy
+from backends.native.compiled_step import (
+    COMPILE_FAILURES,
+    MAX_GRAPHS,
+    DirectRegion,
+    GraphCompiler,
+    own_copy,
+)
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +51,10 @@ def _after_attention(layer: nn.Module, x: torch.Tensor, attention: torch.Tensor)
     return layer.after_attention(x, attention)
 
 
+_BEFORE_ARGS = ("layer", "x", "cos", "sin", "k_cache", "v_cache", "slot_blocks", "slot_offsets")
+_AFTER_ARGS = ("layer", "x", "attention")
+
+
 class CompiledPrefillStep:
     """Runs steps with prompt chunks through the compiled layer halves; `broken` once a compile
     failed (the runner then keeps to the eager forward)."""
@@ -54,11 +63,15 @@ class CompiledPrefillStep:
         self.model, self.kv_cache = model, kv_cache
         self.compiler = GraphCompiler("prefill step")
         self.broken = False
-        self._before, self._after = (
+        before, after = (
             torch.compile(own_copy(fn), dynamic=False, fullgraph=True, backend=self.compiler,
                           recompile_limit=MAX_GRAPHS)
             for fn in (_before_attention, _after_attention)
         )
+        # Dynamo's entry into a half (its guards over the layer and ~10 tensors) cost ~0.1 ms,
+        # 0.1 s of a W1 x64 run's 24 a step: later calls of a known layout skip it.
+        self._before = DirectRegion(before, self.compiler, _BEFORE_ARGS, rows=(1, 2, 3, 6, 7))
+        self._after = DirectRegion(after, self.compiler, _AFTER_ARGS, rows=(1, 2))
 
     @staticmethod
     def supports(model: nn.Module) -> bool:
@@ -95,11 +108,9 @@ class CompiledPrefillStep:
         `_kept_rows`; none when no row reaches the logits). A step with a prompt chunk has two
         rows or more: the row count can be dynamic."""
         x, cos, sin = self.model.embed(input_ids, positions)
-        _rows_dynamic(cos, sin, meta.slot_blocks, meta.slot_offsets)
         k_caches, v_caches = self.kv_cache.k, self.kv_cache.v
         layers = self.model.model.layers
         for i, layer in enumerate(layers):
-            _rows_dynamic(x)
             q, k, v = self._before(layer, x, cos, sin, k_caches[i], v_caches[i],
                                    meta.slot_blocks, meta.slot_offsets)
             attention = paged_attention(q, k, v, k_caches[i], v_caches[i], meta,
@@ -109,8 +120,6 @@ class CompiledPrefillStep:
                 if logits_indices.shape[0] == 0:  # a prompt chunk alone, not its end
                     return x[:0]
                 x, attention = _kept_rows(x, attention, logits_indices)
-                _rows_dynamic(x)
-            _rows_dynamic(attention)
             x = self._after(layer, x, attention)
         return x
 
@@ -126,7 +135,3 @@ def _kept_rows(
         logits_indices = logits_indices.expand(2)
     return x.index_select(0, logits_indices), attention.index_select(0, logits_indices)
 
-
-def _rows_dynamic(*tensors: torch.Tensor) -> None:
-    for tensor in tensors:
-        torch._dynamo.mark_dynamic(tensor, 0)

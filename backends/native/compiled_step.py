@@ -111,6 +111,36 @@ def _direct_graph(gm: torch.fx.GraphModule, compiled: Callable[..., Any]) -> Dir
     return DirectGraph(compiled, read)
 
 
+class DirectRegion:
+    """A compiled region called directly when its arguments are laid out as in a call dynamo
+    already ran (each tensor's shape, strides and dtype, each other argument itself): that
+    call passed the guards, and nothing else they check changes in an engine's life. Until
+    then (and where the region's result is not its graph's outputs as they are) the call goes
+    through dynamo, dim 0 of the arguments at `rows` marked dynamic first."""
+
+    def __init__(self, region: Callable[..., Any], compiler: GraphCompiler, names: Sequence[str],
+                 rows: Sequence[int]) -> None:
+        self.region, self.compiler = region, compiler
+        self.names, self.rows = tuple(names), tuple(rows)
+        self.graphs: dict[tuple[Any, ...], tuple[DirectGraph, bool]] = {}  # layout -> graph
+
+    def __call__(self, *args: Any) -> Any:
+        layout = tuple((a.shape, a.stride(), a.dtype) if isinstance(a, torch.Tensor) else id(a)
+                       for a in args)
+        known = self.graphs.get(layout)
+        if known is not None:
+            graph, is_tuple = known
+            outputs = graph.compiled(*graph.read_inputs(dict(zip(self.names, args, strict=True))))
+            return tuple(outputs) if is_tuple else outputs[0]
+        for index in self.rows:
+            torch._dynamo.mark_dynamic(args[index], 0)
+        result = self.region(*args)
+        direct = self.compiler.take_last(result)
+        if direct is not None:
+            self.graphs[layout] = (direct, isinstance(result, tuple))
+        return result
+
+
 class GraphCompiler:
     """The dynamo backend: inductor, counting and logging each graph, and noting which graph
     ran last (`take_last`). It holds no tensors beyond one call: dynamo keeps every backend

@@ -14,6 +14,7 @@ from typing import Any
 
 import jinja2
 import transformers
+from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
 from backends.native.detokenizer import IncrementalDetokenizer
 from backends.native.loader import Checkpoint
@@ -40,6 +41,7 @@ class Tokenizer:
         special = {i for i, tok in hf.added_tokens_decoder.items() if tok.special}
         self._special_ids: frozenset[int] = frozenset(special | set(hf.all_special_ids))
         self.from_cache = False  # a GGUF tokenizer read back from the startup cache
+        self._window_decoder = _backend_decoder(hf)
 
     @classmethod
     def from_checkpoint(
@@ -90,12 +92,24 @@ class Tokenizer:
 
     def decode_window(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         """Decode without transformers' space clean-up, which is not local to a window."""
+        if self._window_decoder is not None:
+            return self._window_decoder(ids, skip_special_tokens=skip_special_tokens)
         return self.hf.decode(
             ids, skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False
         )
 
     def is_special(self, token_id: int) -> bool:
         return token_id in self._special_ids
+
+
+def _backend_decoder(hf: transformers.PreTrainedTokenizerBase) -> Any:
+    """The `tokenizers` decode that transformers' decode (without clean-up) calls, where the
+    tokenizer class overrides neither: two calls a streamed token, and transformers' wrapper
+    around each cost several times the Rust decode itself."""
+    plain = (type(hf).decode is transformers.PreTrainedTokenizerBase.decode
+             and type(hf)._decode is TokenizersBackend._decode)
+    backend = getattr(hf, "_tokenizer", None)
+    return backend.decode if plain and backend is not None else None
 
 
 def _load_saved(folder: Path) -> transformers.PreTrainedTokenizerBase:

@@ -83,6 +83,32 @@ def test_last_layer_runs_its_mlp_on_the_logits_rows_alone(
     assert rows == [prompt] * (layers - 1) + [2]
 
 
+def test_later_steps_of_a_layout_call_the_halves_directly(
+    tiny_model: Callable[[str], Path],
+) -> None:
+    """A layout's first step runs each layer's halves through dynamo and records their graphs;
+    a later step of the same layout calls those graphs directly, with the eager logits."""
+    path = tiny_model("llama_gqa")
+    compiled = make_engine(path, block_size=4)
+    eager = make_engine(path, compile=False, block_size=4)
+    step = compiled.runner.prefill_step
+    through_dynamo: list[str] = []
+    for name in ("_before", "_after"):
+        half = getattr(step, name)
+        region = half.region
+        half.region = lambda *args, _region=region, _name=name: (
+            through_dynamo.append(_name), _region(*args))[1]
+    first, second = torch.randint(3, 100, (2, 9), generator=torch.Generator().manual_seed(31))
+    layers = len(compiled.runner.model.model.layers)
+    for prompt, calls in ((first.tolist(), 2 * layers), (second.tolist(), 0)):
+        through_dynamo.clear()
+        got, want = _step_logits(compiled, [prompt]), _step_logits(eager, [prompt])
+        assert len(through_dynamo) == calls
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=2e-5)
+    assert len(step._before.graphs) == len(step._after.graphs) == layers
+
+
 def test_chunks_that_reach_no_logits_stay_compiled(tiny_model: Callable[[str], Path]) -> None:
     """A long prompt alone, in chunks: until its last chunk no row samples, the last layer's
     half after the attention has no row to run, and the step must neither fail to compile

@@ -313,6 +313,21 @@ def test_detokenizer_default_model(smol: Tokenizer) -> None:
     assert "<|im_end|>" in "".join(stream(smol, [*ids[:3], 2], skip_special_tokens=False))
 
 
+@settings(max_examples=100, deadline=None, suppress_health_check=FIXTURE_OK)
+@given(ids=st.lists(st.integers(0, 49151), max_size=12), skip=st.booleans())
+def test_window_decode_is_transformers_decode(
+    tiny: Tokenizer, smol: Tokenizer, ids: list[int], skip: bool,
+) -> None:
+    """The streaming window's decode calls `tokenizers` directly: the same text as
+    transformers' decode without clean-up, special tokens and split characters included."""
+    for tokenizer in (tiny, smol):
+        assert tokenizer._window_decoder is not None
+        window = [i % tokenizer.vocab_size for i in ids]
+        want = tokenizer.hf.decode(window, skip_special_tokens=skip,
+                                   clean_up_tokenization_spaces=False)
+        assert tokenizer.decode_window(window, skip_special_tokens=skip) == want
+
+
 # ---- StopChecker -------------------------------------------------------------------------
 
 
