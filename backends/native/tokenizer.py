@@ -8,7 +8,7 @@ add_bos/add_eos, no space clean-up), so we tokenize the way llama.cpp does.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -102,7 +102,7 @@ class Tokenizer:
         return token_id in self._special_ids
 
 
-def _backend_decoder(hf: transformers.PreTrainedTokenizerBase) -> Any:
+def _backend_decoder(hf: transformers.PreTrainedTokenizerBase) -> Callable[..., str] | None:
     """The `tokenizers` decode that transformers' decode (without clean-up) calls, where the
     tokenizer class overrides neither: two calls a streamed token, and transformers' wrapper
     around each cost several times the Rust decode itself."""
