@@ -94,11 +94,16 @@ async def close_backends(backends: list[Backend]) -> None:
 @asynccontextmanager
 async def _loading_in_background(
     registry: ModelRegistry, on_failure: Callable[[BaseException], None] | None,
+    on_loaded: Callable[[], None] | None,
 ) -> AsyncIterator[None]:
     task = asyncio.create_task(start_backends(registry))
 
     def report(done: asyncio.Task[list[Backend]]) -> None:
-        if done.cancelled() or done.exception() is None:
+        if done.cancelled():
+            return
+        if done.exception() is None:
+            if on_loaded is not None:
+                on_loaded()
             return
         log.error("a model could not be loaded: %s", done.exception())
         if on_failure is not None:
@@ -133,6 +138,7 @@ def create_app(
     settings: Settings, backends: Mapping[str, Served] | None = None,
     access: AccessPolicy | None = None, *, load_in_background: bool = False,
     on_load_failure: Callable[[BaseException], None] | None = None,
+    on_loaded: Callable[[], None] | None = None,
 ) -> FastAPI:
     """The gateway app. `backends` (one backend, or a list of `Deployment`s) by served
     model name; None builds them from `settings` (the models file's deployments).
@@ -140,7 +146,8 @@ def create_app(
     Backends are started (models loaded) in the lifespan and closed on shutdown. By
     default loading finishes before the server accepts connections; with
     `load_in_background` the server answers at once (/health 503 until every model
-    is ready) and `on_load_failure` hears of a model that could not load.
+    is ready), `on_load_failure` hears of a model that could not load and `on_loaded`
+    of every model ready.
     """
     registry = build_registry(settings, backends)
     state = GatewayState(
@@ -159,7 +166,8 @@ def create_app(
         await state.access.start()
         try:
             if load_in_background:
-                async with _loading_in_background(registry, on_load_failure), _checking(checker):
+                loading = _loading_in_background(registry, on_load_failure, on_loaded)
+                async with loading, _checking(checker):
                     yield
             else:
                 started = await start_backends(registry)
