@@ -166,7 +166,7 @@ def prefer_huge_pages() -> None:
 
 def freeze_startup_heap() -> None:
     """Once every model is loaded: what start-up left (torch, transformers, compiled graphs:
-    millions of objects) leaves the cyclic collector's reach. Its full collections walked it
+    ~545k objects for W1) leaves the cyclic collector's reach. Its full collections walked it
     all, up to ~0.3 s each with the GIL held, stalling the engine's step and every stream
     once every few thousand tokens (vLLM freezes after start-up too). What is alive now is
     freed by reference counts alone from then on; the server keeps it for its life."""
