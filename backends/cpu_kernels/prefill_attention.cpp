@@ -51,6 +51,7 @@ constexpr int kValueRows = kWidth == 16 ? 4 : 2;
 constexpr int kValueChunk = 4;
 
 #if defined(SWITCHYARD_VNNI) && defined(__AVX512BF16__)
+#define SWITCHYARD_KEY_PAIRS 1
 constexpr bool kPairsBuilt = true;
 #else
 constexpr bool kPairsBuilt = false;
@@ -180,7 +181,7 @@ void score_rows(const TileState<NV>& st, const KeyRun<NV>& run, int64_t row,
 template <int NV>
 void score_rows_by_pairs(const TileState<NV>& st, const KeyRun<NV>& run, int64_t row, float scale,
                          float scores[kRowGroup][kRunKeys]) {
-#if defined(SWITCHYARD_VNNI) && defined(__AVX512BF16__)
+#ifdef SWITCHYARD_KEY_PAIRS
   constexpr int64_t pairs = KeyRun<NV>::kDim / 2;
   for (int64_t group = 0; group < kRowGroup; group += kScoreRows) {
     const uint32_t* query = st.query_pairs + (row + group) * pairs;

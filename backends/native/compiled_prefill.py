@@ -51,10 +51,6 @@ def _after_attention(layer: nn.Module, x: torch.Tensor, attention: torch.Tensor)
     return layer.after_attention(x, attention)
 
 
-_BEFORE_ARGS = ("layer", "x", "cos", "sin", "k_cache", "v_cache", "slot_blocks", "slot_offsets")
-_AFTER_ARGS = ("layer", "x", "attention")
-
-
 class CompiledPrefillStep:
     """Runs steps with prompt chunks through the compiled layer halves; `broken` once a compile
     failed (the runner then keeps to the eager forward)."""
@@ -70,8 +66,8 @@ class CompiledPrefillStep:
         )
         # Dynamo's entry into a half (its guards over the layer and ~10 tensors) cost ~0.1 ms
         # a call, 24 calls a W1 prefill step: later calls of a known layout skip it.
-        self._before = DirectRegion(before, self.compiler, _BEFORE_ARGS, rows=(1, 2, 3, 6, 7))
-        self._after = DirectRegion(after, self.compiler, _AFTER_ARGS, rows=(1, 2))
+        self._before = DirectRegion(before, self.compiler, _before_attention, rows=(1, 2, 3, 6, 7))
+        self._after = DirectRegion(after, self.compiler, _after_attention, rows=(1, 2))
 
     @staticmethod
     def supports(model: nn.Module) -> bool:

@@ -118,10 +118,13 @@ class DirectRegion:
     then (and where the region's result is not its graph's outputs as they are) the call goes
     through dynamo, dim 0 of the arguments at `rows` marked dynamic first."""
 
-    def __init__(self, region: Callable[..., Any], compiler: GraphCompiler, names: Sequence[str],
-                 rows: Sequence[int]) -> None:
+    def __init__(self, region: Callable[..., Any], compiler: GraphCompiler,
+                 traced: Callable[..., Any], rows: Sequence[int]) -> None:
+        """`traced`: the function `region` compiles; its parameters name the arguments as
+        dynamo's sources do (`L['x']`)."""
         self.region, self.compiler = region, compiler
-        self.names, self.rows = tuple(names), tuple(rows)
+        code = traced.__code__
+        self.names, self.rows = code.co_varnames[:code.co_argcount], tuple(rows)
         self.graphs: dict[tuple[Any, ...], tuple[DirectGraph, bool]] = {}  # layout -> graph
 
     def __call__(self, *args: Any) -> Any:
