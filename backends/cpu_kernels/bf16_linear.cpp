@@ -30,12 +30,15 @@
 #include <torch/library.h>
 
 #include "simd.h"
+#include "work_shares.h"
 
 #include <algorithm>
 #include <cstdint>
 #include <vector>
 
 namespace {
+
+using switchyard_work::parallel_shares;
 
 constexpr int64_t kColumns = 16;  // output columns per packed block
 constexpr int kRowTile = 8;
@@ -150,14 +153,12 @@ void run(const Problem& p) {
   const int64_t chunks =
       std::clamp<int64_t>((wanted + pairs - 1) / pairs, 1, (p.m + kRowTile - 1) / kRowTile);
   const int64_t chunk_rows = ((p.m + chunks - 1) / chunks + kRowTile - 1) / kRowTile * kRowTile;
-  at::parallel_for(0, pairs * chunks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t pair = item / chunks, first = (item % chunks) * chunk_rows;
-      const int64_t last = std::min(p.m, first + chunk_rows);
-      if (first >= last) continue;
-      if (2 * pair + 1 < blocks) row_range<2>(p, 2 * pair, first, last);
-      else row_range<1>(p, 2 * pair, first, last);
-    }
+  parallel_shares(pairs * chunks, [&](int64_t item) {
+    const int64_t pair = item / chunks, first = (item % chunks) * chunk_rows;
+    const int64_t last = std::min(p.m, first + chunk_rows);
+    if (first >= last) return;
+    if (2 * pair + 1 < blocks) row_range<2>(p, 2 * pair, first, last);
+    else row_range<1>(p, 2 * pair, first, last);
   });
 }
 

@@ -64,7 +64,8 @@ SOURCES: dict[Path, tuple[str, ...]] = {
 OPTIONAL_ISA = {Path(__file__).with_name(name): ("avx512-vnni", "avx512_bf16", "-mavx512bf16")
                 for name in ("bf16_linear.cpp", "prefill_attention.cpp")}
 HEADERS = (Path(__file__).with_name("simd.h"),
-           Path(__file__).with_name("kernel_entry_points.h"))
+           Path(__file__).with_name("kernel_entry_points.h"),
+           Path(__file__).with_name("work_shares.h"))
 SETTING = "SWITCHYARD_CPU_KERNELS"
 VARIANTS = {
     "avx512-vnni": ("-DSWITCHYARD_VNNI", "-mavx512f", "-mavx512bw", "-mavx512vl",

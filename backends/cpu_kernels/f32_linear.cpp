@@ -35,12 +35,15 @@
 #include <torch/library.h>
 
 #include "simd.h"
+#include "work_shares.h"
 
 #include <algorithm>
 #include <cstdint>
 #include <vector>
 
 namespace {
+
+using switchyard_work::parallel_shares;
 
 constexpr int64_t kColumns = 16;   // output columns per packed block
 constexpr int kRowTile = 6;
@@ -169,15 +172,15 @@ void run(const Problem& p) {
   const int64_t chunks =
       std::clamp<int64_t>((wanted + blocks - 1) / blocks, 1, (p.m + kRowTile - 1) / kRowTile);
   const int64_t chunk_rows = ((p.m + chunks - 1) / chunks + kRowTile - 1) / kRowTile * kRowTile;
-  at::parallel_for(0, blocks * chunks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t block = item / chunks, first = (item % chunks) * chunk_rows;
-      const int64_t last = std::min(p.m, first + chunk_rows);
-      // The thread's next item, where it starts another block: its weights are fetched early.
-      const bool next_is_new = item + 1 < end && (item + 1) % chunks == 0;
-      const float* next_block = next_is_new ? p.w + (block + 1) * p.k * kColumns : nullptr;
-      if (first < last) row_range(p, block, first, last, next_block);
-    }
+  const int64_t items = blocks * chunks;
+  parallel_shares(items, [&](int64_t item) {
+    const int64_t block = item / chunks, first = (item % chunks) * chunk_rows;
+    const int64_t last = std::min(p.m, first + chunk_rows);
+    // The thread's next item as a rule (unless another thread takes it), where it starts
+    // another block: its weights are fetched early.
+    const bool next_is_new = item + 1 < items && (item + 1) % chunks == 0;
+    const float* next_block = next_is_new ? p.w + (block + 1) * p.k * kColumns : nullptr;
+    if (first < last) row_range(p, block, first, last, next_block);
   });
 }
 

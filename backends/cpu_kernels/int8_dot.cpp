@@ -19,6 +19,7 @@
 
 #include "kernel_entry_points.h"
 #include "simd.h"
+#include "work_shares.h"
 
 #include <algorithm>
 #include <cmath>
@@ -26,6 +27,8 @@
 #include <vector>
 
 namespace {
+
+using switchyard_work::parallel_shares;
 
 constexpr int64_t kLanes = 16;     // output rows per packed block
 constexpr int64_t kBlock = 32;     // input columns per activation scale
@@ -329,15 +332,13 @@ void all_lane_blocks(const uint8_t* p, const uint16_t* sz, const QuantizedRows& 
                      int64_t k, int64_t group, bool fine, Out* o, int64_t lane_blocks) {
   const int64_t n = lane_blocks * kLanes;
   const int64_t packed_stride = k / 8 * 64, sz_stride = k / group * 2 * kLanes;
-  at::parallel_for(0, lane_blocks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t nb = begin; nb < end; ++nb) {
-      const uint8_t* lanes = p + nb * packed_stride;
-      const uint16_t* lane_sz = sz + nb * sz_stride;
-      if (fine)
-        rows_of_lane_block<true>(lanes, lane_sz, xq, m, k, group, o + nb * kLanes, n);
-      else
-        rows_of_lane_block<false>(lanes, lane_sz, xq, m, k, group, o + nb * kLanes, n);
-    }
+  parallel_shares(lane_blocks, [&](int64_t nb) {
+    const uint8_t* lanes = p + nb * packed_stride;
+    const uint16_t* lane_sz = sz + nb * sz_stride;
+    if (fine)
+      rows_of_lane_block<true>(lanes, lane_sz, xq, m, k, group, o + nb * kLanes, n);
+    else
+      rows_of_lane_block<false>(lanes, lane_sz, xq, m, k, group, o + nb * kLanes, n);
   });
 }
 

@@ -20,6 +20,7 @@
 
 #include "kernel_entry_points.h"
 #include "simd.h"
+#include "work_shares.h"
 
 #include <algorithm>
 #include <cmath>
@@ -28,6 +29,8 @@
 #include <vector>
 
 namespace {
+
+using switchyard_work::parallel_shares;
 
 using namespace switchyard_simd;
 
@@ -261,7 +264,7 @@ void run_split(const Shape& s, const T* qp, const T* kp, const T* vp, const int6
   std::vector<float> buffer(items * per_part);
   std::vector<GroupState> states(items);
   for (int64_t i = 0; i < items; ++i) states[i] = GroupState::at(buffer.data() + i * per_part, group, d, bs);
-  parallel_strided(items, [&](int64_t item) {
+  parallel_shares(items, [&](int64_t item) {
     const int64_t pair = item / parts, part = item % parts, b = pair / s.kv_heads;
     attend_part<T, NV>(s, qp + b * row, kp, vp, tp + b * s.blocks, mp + b * width,
                        pair % s.kv_heads, part * s.blocks / parts, (part + 1) * s.blocks / parts,
@@ -293,7 +296,7 @@ void run(const Shape& s, const at::Tensor& q, const at::Tensor& k_cache,
   // Few sequences: split their kv heads too, so every thread has work.
   const int64_t wanted = 4 * threads;
   const int64_t splits = std::min(s.kv_heads, std::max<int64_t>(1, (wanted + batch - 1) / batch));
-  parallel_strided(batch * splits, [&](int64_t item) {
+  parallel_shares(batch * splits, [&](int64_t item) {
     const int64_t b = item / splits, part = item % splits;
     const int64_t first = part * s.kv_heads / splits, last = (part + 1) * s.kv_heads / splits;
     attend_sequence<T, NV>(s, qp + b * row, kp, vp, tp + b * s.blocks, mp + b * width, first,

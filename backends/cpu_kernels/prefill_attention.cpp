@@ -27,6 +27,7 @@
 #include <torch/library.h>
 
 #include "simd.h"
+#include "work_shares.h"
 
 #include <algorithm>
 #include <cmath>
@@ -34,6 +35,8 @@
 #include <cstring>
 
 namespace {
+
+using switchyard_work::parallel_shares;
 
 using namespace switchyard_simd;
 
@@ -343,7 +346,7 @@ void run_chunk(const Chunk& c, const at::Tensor& q, const at::Tensor& k_cache,
   const T* vp = v_cache.data_ptr<T>();
   const int64_t* tp = table.data_ptr<int64_t>();
   T* op = out.data_ptr<T>();
-  parallel_strided(c.heads * tiles, [&](int64_t item) {
+  parallel_shares(c.heads * tiles, [&](int64_t item) {
     attend_tile<T, NV>(c, qp, kp, vp, tp, scale, item % c.heads, item / c.heads * kTileRows, op);
   });
 }

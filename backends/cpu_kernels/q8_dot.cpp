@@ -17,6 +17,8 @@
 #include <immintrin.h>
 #include <torch/library.h>
 
+#include "work_shares.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -24,6 +26,8 @@
 #include <vector>
 
 namespace {
+
+using switchyard_work::parallel_shares;
 
 constexpr int64_t kLanes = 16;
 constexpr int64_t kBlock = 32;   // input columns per activation and weight scale
@@ -108,11 +112,10 @@ void all_lane_blocks(const int8_t* packed, const uint16_t* scales, const Quantiz
                      int64_t m, int64_t k, int64_t lane_blocks, Out* out) {
   const int64_t n = lane_blocks * kLanes;
   const int64_t packed_stride = k / kStep * 64, scale_stride = k / kBlock * kLanes;
-  at::parallel_for(0, lane_blocks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t nb = begin; nb < end; ++nb)
-      for (int64_t row = 0; row < m; ++row)
-        lane_block_row(packed + nb * packed_stride, scales + nb * scale_stride, xq, row, k,
-                       out + row * n + nb * kLanes);
+  parallel_shares(lane_blocks, [&](int64_t nb) {
+    for (int64_t row = 0; row < m; ++row)
+      lane_block_row(packed + nb * packed_stride, scales + nb * scale_stride, xq, row, k,
+                     out + row * n + nb * kLanes);
   });
 }
 

@@ -1,7 +1,6 @@
 // What our attention kernels share: float32 vectors of the build's width (AVX-512 with
 // SWITCHYARD_VNNI, else AVX2), bfloat16 loads widened to float32, 8 x 8 transposes, exp for
-// x <= 0, strided work dealing, the checks on q and the caches, and the dispatch over dtype
-// and head size.
+// x <= 0, the checks on q and the caches, and the dispatch over dtype and head size.
 #pragma once
 
 #include <c10/util/BFloat16.h>
@@ -149,19 +148,6 @@ inline Vec sigmoid(Vec g) {
 #else
 inline Vec sigmoid(Vec g) { return sigmoid8(g); }
 #endif
-
-// f(item) for item in [0, count), thread t taking items t, t + threads, ...: work that grows
-// with the item (causal tiles, longer rows) is dealt out evenly, where at::parallel_for's
-// contiguous ranges would give one thread the costly end.
-template <typename F>
-void parallel_strided(int64_t count, F&& f) {
-  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), count));
-  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t lane = begin; lane < end; ++lane) {
-      for (int64_t item = lane; item < count; item += threads) f(item);
-    }
-  });
-}
 
 // Calls f(std::integral_constant<int, head_dim / kWidth>) for the head sizes compiled in (16,
 // 32, 64, 80, 96, 128, 256: attention.KERNEL_HEAD_DIMS), so a row's vectors live in registers.
