@@ -74,6 +74,9 @@ _FLAGS: tuple[tuple[tuple[str, ...], str, type, str], ...] = (
     (("--f32-linear-kernel",), "f32_linear_kernel", str,
      "CPU, float32: prepacked linears through our AVX2 FMA kernel where our kernels run AVX2 "
      "code (AVX2-only CPUs): true (default) | false (oneDNN)"),
+    (("--greedy-head",), "greedy_head", str,
+     "CPU, bf16 lm_head on our kernel: greedy steps pick each token from an int8 bound and a "
+     "few exact logits, the same token as the full logits: true (default) | false"),
     (("--attention-kernels",), "attention_kernels", str,
      "CPU, with --compile: decode and prompt attention through our C++ kernels where they "
      "are built: true (default) | false (inductor's code and torch's SDPA)"),

@@ -42,7 +42,7 @@ _ENGINE_FIELDS = (
     "queue_timeout", "request_timeout", "waiting_served_ratio", "max_waiting_tokens",
     "chunked_prefill", "prefix_caching", "compile", "compile_decode_step",
     "compile_prefill_step", "prepack_weights", "bf16_linear_kernel", "f32_linear_kernel",
-    "attention_kernels", "quantize", "quantized_kernels", "cache_dir",
+    "greedy_head", "attention_kernels", "quantize", "quantized_kernels", "cache_dir",
 )
 DEFAULT_MAX_BODY_BYTES = 8 * 1024**2
 @dataclass(frozen=True)
@@ -111,6 +111,7 @@ class Settings(BaseSettings):
     prepack_weights: bool | None = None
     bf16_linear_kernel: bool | None = None
     f32_linear_kernel: bool | None = None
+    greedy_head: bool | None = None
     attention_kernels: bool | None = None
     # the native engine's startup cache; unset: ~/.cache/switchyard (backends/registry.py)
     cache_dir: str | None = None

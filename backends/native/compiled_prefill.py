@@ -30,6 +30,7 @@ from backends.native.compiled_step import (
     GraphCompiler,
     own_copy,
 )
+from backends.native.greedy_head import GreedyHead, head_output
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +56,9 @@ class CompiledPrefillStep:
     """Runs steps with prompt chunks through the compiled layer halves; `broken` once a compile
     failed (the runner then keeps to the eager forward)."""
 
-    def __init__(self, model: nn.Module, kv_cache: KVCache) -> None:
-        self.model, self.kv_cache = model, kv_cache
+    def __init__(self, model: nn.Module, kv_cache: KVCache,
+                 greedy_head: GreedyHead | None = None) -> None:
+        self.model, self.kv_cache, self.greedy_head = model, kv_cache, greedy_head
         self.compiler = GraphCompiler("prefill step")
         self.broken = False
         before, after = (
@@ -81,10 +83,11 @@ class CompiledPrefillStep:
 
     def run(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-        logits_indices: torch.Tensor,
+        logits_indices: torch.Tensor, greedy: bool = False,
     ) -> torch.Tensor | None:
         """Float32 logits of the rows in `logits_indices`, as the model's forward returns
-        them; None if a region cannot be compiled (logged once)."""
+        them (with `greedy` and a greedy head maybe each row's token instead); None if a
+        region cannot be compiled (logged once)."""
         self.compiler.shape = f"{input_ids.shape[0]} rows; dynamic rows"
         try:
             with no_duck_shapes():
@@ -94,7 +97,10 @@ class CompiledPrefillStep:
                       str(exc).splitlines()[0])
             self.broken = True
             return None
-        return self.model.logits(x[:logits_indices.shape[0]])
+        rows = x[:logits_indices.shape[0]]
+        if self.greedy_head is None:
+            return self.model.logits(rows)
+        return head_output(self.model, self.greedy_head, self.model.final_hidden(rows), greedy)
 
     def _layers(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,

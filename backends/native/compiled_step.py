@@ -43,6 +43,7 @@ from torch._inductor.compile_fx import compile_fx
 
 from backends.native.attention import DecodeMetadata, KVCache, decode_mask, no_duck_shapes
 from backends.native.fused_decode_layers import FusedDecodeLayers
+from backends.native.greedy_head import GreedyHead, head_output
 from backends.native.sequence import Sequence as Seq
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,10 @@ def _layer(
 
 def _logits(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return model.logits(x)
+
+
+def _final_hidden(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return model.final_hidden(x)
 
 
 def own_copy(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -194,7 +199,7 @@ class CompiledDecodeStep:
 
     def __init__(
         self, model: nn.Module, kv_cache: KVCache, sliding_window: int | None,
-        device: torch.device,
+        device: torch.device, greedy_head: GreedyHead | None = None,
     ) -> None:
         self.model, self.kv_cache = model, kv_cache
         self.block_size = kv_cache.block_size
@@ -205,34 +210,40 @@ class CompiledDecodeStep:
         self._direct_logits: dict[tuple[int, ...], DirectGraph] = {}  # x's shape -> logits
         self._direct_embed: dict[tuple[int, ...], DirectGraph] = {}  # rows' shape -> embed
         self.fused_layers = FusedDecodeLayers.of(model, kv_cache)  # the layers in one C++ call
+        self.greedy_head = greedy_head
         for cache in (*kv_cache.k, *kv_cache.v):  # fixed for the engine's life
             torch._dynamo.mark_static(cache)
         # Past MAX_GRAPHS a region fails to compile and the engine decodes eagerly.
         self._embed, self._layer, self._logits = (
             torch.compile(own_copy(fn), dynamic=False, fullgraph=True, backend=self.compiler,
                           recompile_limit=MAX_GRAPHS)
-            for fn in (_embed, _layer, _logits)
+            # With a greedy head the last region stops at the lm_head's input.
+            for fn in (_embed, _layer, _logits if greedy_head is None else _final_hidden)
         )
 
     @property
     def num_graphs(self) -> int:
         return self.compiler.num_graphs
 
-    def run(self, seqs: Sequence[Seq]) -> torch.Tensor | None:
-        """Float32 logits [B, V] (row i samples for seqs[i]); None if a region cannot be
-        compiled (logged once). Layers before a failed one have written this step's K/V: the
-        eager step that follows writes the same slots again."""
+    def run(self, seqs: Sequence[Seq], greedy: bool = False) -> torch.Tensor | None:
+        """Float32 logits [B, V] (row i samples for seqs[i]), or with `greedy` (every row
+        plain greedy) and a greedy head maybe each row's token [B] int64 instead; None if a
+        region cannot be compiled (logged once). Layers before a failed one have written this
+        step's K/V: the eager step that follows writes the same slots again."""
         rows = self._inputs(seqs)
         batch_dims = () if rows.shape[0] == 1 else (0,)  # batch 1 gets graphs of its own
         _dynamic(rows, *batch_dims, 1)
         try:
             with no_duck_shapes():
-                return self._forward(rows, batch_dims)
+                x = self._forward(rows, batch_dims)
         except COMPILE_FAILURES as exc:
             log.error("compiled decode step unavailable, decoding eagerly: %s",
                       str(exc).splitlines()[0])
             self.broken = True
             return None
+        if self.greedy_head is None:
+            return x
+        return head_output(self.model, self.greedy_head, x, greedy)
 
     def _forward(self, rows: torch.Tensor, batch_dims: tuple[int, ...]) -> torch.Tensor:
         x, cos, sin, meta = self._embedded(rows)
@@ -272,8 +283,9 @@ class CompiledDecodeStep:
         return x, cos, sin, DecodeMetadata(slot_blocks, slot_offsets, rows[:, 4:], mask)
 
     def _logits_of(self, x: torch.Tensor) -> torch.Tensor:
-        """The logits region, called directly once dynamo has run it for x's shape (its entry
-        cost ~0.2 ms a step, its guards walking the whole model)."""
+        """The logits region (or the final hidden states', with a greedy head), called directly
+        once dynamo has run it for x's shape (its entry cost ~0.2 ms a step, its guards walking
+        the whole model)."""
         graph = self._direct_logits.get(tuple(x.shape))
         if graph is not None:
             return graph.compiled(*graph.read_inputs({"model": self.model, "x": x}))[0]

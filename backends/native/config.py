@@ -38,6 +38,10 @@ class EngineConfig:
     # CPU, prepacked float32 weights: our AVX2 FMA linear kernel where our kernels run AVX2 code
     # (cpu_kernels/f32_linear.cpp; 0.64-0.92x oneDNN's time at 1-2048 rows there); False: oneDNN
     f32_linear_kernel: bool = True
+    # CPU, a bf16 lm_head on our kernel: steps whose rows are all plain greedy take each token
+    # from an int8 bound and a few exact logits (greedy_head.py; the full logits' argmax, at
+    # ~0.6x the lm_head's time for an int8 copy and a row-major copy of its weight); False: off
+    greedy_head: bool = True
     # CPU, with compile: decode and prompt attention through our C++ kernels (cpu_kernels/
     # paged_attention.cpp, prefill_attention.cpp) where they are built and fit the shapes;
     # False: inductor's code for the decode reductions, torch's SDPA for prompts

@@ -22,6 +22,7 @@ from backends.native.config import EngineConfig
 from backends.native.deadlines import QUEUE_TIMEOUT, expired
 from backends.native.detokenizer import IncrementalDetokenizer
 from backends.native.grammar_support import GrammarSupport
+from backends.native.greedy_head import plain_greedy
 from backends.native.logprobs import TokenTexts, prompt_token_infos
 from backends.native.model_runner import ModelRunner
 from backends.native.model_setup import LoadedModel, load_model
@@ -78,6 +79,7 @@ class LLMEngine:
             self.loaded.sliding_window, compiled=config.compile,
             whole_step=config.compile and config.compile_decode_step,
             compiled_prefill=config.compile and _compiles_prefill(config, self.loaded),
+            greedy_head=config.greedy_head,
         )
         self.generator = torch.Generator().manual_seed(config.seed)
         self._groups: dict[str, list[Sequence]] = {}  # request id -> its unfinished choices
@@ -173,14 +175,20 @@ class LLMEngine:
         try:
             masks = self.grammars.submit_masks(sampling_seqs)  # overlaps the forward pass
             self.runner.copy_blocks(copies)
-            logits, _ = self.runner.run(batch)
+            greedy = masks is None and not spans and plain_greedy(sampling_seqs)
+            logits, _ = self.runner.run(batch, greedy)
             if self.faults:
                 raise_injected_fault(self.faults, batch)
             bitmask = masks.result() if masks is not None else None
             self.scheduler.postprocess(batch)
-            self._prompt_logprobs(logits[len(sampling_seqs):], spans)
+            if logits.dim() == 2:  # else the greedy head's tokens (plain greedy rows only)
+                self._prompt_logprobs(logits[len(sampling_seqs):], spans)
             rows, seqs = self._fork(sampling_seqs)
-            if seqs:
+            if logits.dim() == 1:
+                tokens = logits.tolist()
+                outputs.extend(self._append(seq, tokens[row], None, [])
+                               for row, seq in zip(rows, seqs, strict=True))
+            elif seqs:
                 if len(rows) != len(sampling_seqs):
                     index = torch.tensor(rows, device=logits.device)
                     logits = logits.index_select(0, index)

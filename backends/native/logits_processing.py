@@ -17,7 +17,7 @@ def process_logits(
     logits: torch.Tensor, seqs: list[Sequence], bitmask: torch.Tensor | None = None
 ) -> torch.Tensor:
     """Returns a processed copy of `logits` [S, V], or `logits` itself when nothing applies."""
-    if bitmask is None and not any(_needs_processing(s) for s in seqs):
+    if bitmask is None and not any(needs_processing(s) for s in seqs):
         return logits
     logits = logits.clone()
     _repetition_penalty(logits, seqs)
@@ -31,7 +31,7 @@ def process_logits(
     return logits
 
 
-def _needs_processing(seq: Sequence) -> bool:
+def needs_processing(seq: Sequence) -> bool:
     p = seq.sampling
     return (
         p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0

@@ -16,6 +16,7 @@ from backends.native.attention import (
 )
 from backends.native.compiled_prefill import CompiledPrefillStep
 from backends.native.compiled_step import CompiledDecodeStep
+from backends.native.greedy_head import GreedyHead
 from backends.native.scheduler import ScheduledBatch
 from backends.native.sequence import Sequence
 
@@ -33,7 +34,7 @@ class ModelRunner:
     def __init__(
         self, model: nn.Module, kv_cache: KVCache, device: torch.device,
         sliding_window: int | None, compiled: bool = False, whole_step: bool = False,
-        compiled_prefill: bool = False,
+        compiled_prefill: bool = False, greedy_head: bool = False,
     ) -> None:
         self.model = model
         self.kv_cache = kv_cache
@@ -43,15 +44,17 @@ class ModelRunner:
         self.compiled = compiled
         # Prompt attention through our C++ kernel (set at load where it fits): no masks needed.
         self.kernel_prefill = any(getattr(m, "cpu_kernel", False) for m in model.modules())
+        # Plain greedy steps' tokens without the whole lm_head, where the steps are compiled.
+        head = GreedyHead.of(model) if greedy_head and (whole_step or compiled_prefill) else None
         # Decode-only steps: the forward as compiled regions (mixed steps stay eager, with the
         # compiled decode attention kernel).
         self.decode_step = (
-            CompiledDecodeStep(model, kv_cache, sliding_window, device)
+            CompiledDecodeStep(model, kv_cache, sliding_window, device, head)
             if whole_step and hasattr(model, "embed") and hasattr(model, "logits") else None
         )
         # Steps with prompt chunks: each layer's work around its eager attention compiled.
         self.prefill_step = (
-            CompiledPrefillStep(model, kv_cache)
+            CompiledPrefillStep(model, kv_cache, head)
             if compiled_prefill and CompiledPrefillStep.supports(model) else None
         )
 
@@ -61,20 +64,23 @@ class ModelRunner:
         self.kv_cache.copy_blocks(pairs)
 
     @torch.inference_mode()
-    def run(self, batch: ScheduledBatch) -> tuple[torch.Tensor, list[Sequence]]:
+    def run(
+        self, batch: ScheduledBatch, greedy: bool = False,
+    ) -> tuple[torch.Tensor, list[Sequence]]:
         """Run one step; returns logits [S + P, V] and the S sequences that sample: row i < S
         samples for sequence i, the P rows after them are `batch.prompt_spans()`' positions
-        in order (prompt logprobs)."""
+        in order (prompt logprobs). With `greedy` (every row plain greedy, no P rows) the
+        first may instead be each sequence's token [S] int64 (greedy_head.py)."""
         if self._decode_only(batch):
             assert self.decode_step is not None
-            logits = self.decode_step.run(batch.seqs)
+            logits = self.decode_step.run(batch.seqs, greedy)
             if logits is not None:
                 return logits, list(batch.seqs)
         inputs = self.prepare(batch)
         logits = None
         if inputs.meta.prefills and self.prefill_step is not None and not self.prefill_step.broken:
             logits = self.prefill_step.run(
-                inputs.input_ids, inputs.positions, inputs.meta, inputs.logits_indices
+                inputs.input_ids, inputs.positions, inputs.meta, inputs.logits_indices, greedy
             )
         if logits is None:
             logits = self.model(inputs.input_ids, inputs.positions, self.kv_cache, inputs.meta,

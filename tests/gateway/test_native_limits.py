@@ -47,9 +47,9 @@ def _serve(path: Path, step_delay: float = 0.0, **options: Any,
         if step_delay:  # a slow model: steps long enough for requests to queue up
             run = engine.runner.run
 
-            def slow(batch):  # type: ignore[no-untyped-def]
+            def slow(batch, greedy=False):  # type: ignore[no-untyped-def]
                 time.sleep(step_delay)
-                return run(batch)
+                return run(batch, greedy)
 
             engine.runner.run = slow  # type: ignore[method-assign]
         yield url, backend

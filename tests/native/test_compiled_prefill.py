@@ -32,7 +32,7 @@ def _step_logits(engine: LLMEngine, prompts: list[list[int]]) -> list[torch.Tens
     captured: list[torch.Tensor] = []
     run = engine.runner.run
 
-    def capture(batch: Any) -> Any:
+    def capture(batch: Any, greedy: bool = False) -> Any:  # logits: never the greedy head's
         logits, seqs = run(batch)
         captured.append(logits.clone())
         return logits, seqs

@@ -77,11 +77,11 @@ def test_a_transient_fault_fails_nobody(path: Path, baseline: list[list[int]]) -
     engine = make_engine(path, block_size=8)
     run, calls = engine.runner.run, {"n": 0}
 
-    def flaky(batch):  # type: ignore[no-untyped-def]
+    def flaky(batch, greedy=False):  # type: ignore[no-untyped-def]
         calls["n"] += 1
         if calls["n"] == 5:
             raise RuntimeError("CUDA error: an illegal memory access (simulated)")
-        return run(batch)
+        return run(batch, greedy)
 
     engine.runner.run = flaky  # type: ignore[method-assign]
     seqs = [engine.add_request(f"r{i}", p, GREEDY) for i, p in enumerate(_prompts())]

@@ -55,7 +55,7 @@ def native_greedy(engine: LLMEngine, prompt: list[int], steps: int = STEPS):
     captured: list[torch.Tensor] = []
     run = engine.runner.run
 
-    def capture(batch):
+    def capture(batch, greedy=False):  # the logits, so never the greedy head's tokens
         logits, seqs = run(batch)
         captured.append(logits.float().clone())
         return logits, seqs

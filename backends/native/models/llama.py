@@ -241,7 +241,14 @@ class LlamaForCausalLM(nn.Module):
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """Float32 logits of the last layer's output rows."""
-        return self.lm_head(self.model.norm(x)).float()
+        return self.head_logits(self.final_hidden(x))
+
+    def final_hidden(self, x: torch.Tensor) -> torch.Tensor:
+        """The lm_head's input (the greedy head takes it in place of the logits)."""
+        return self.model.norm(x)
+
+    def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()
 
     def quantizable_linears(self, include_lm_head: bool = False) -> dict[str, list[str]]:
         """Module name -> the checkpoint prefixes it is read from (in shard order)."""
