@@ -9,16 +9,16 @@
 // (int8 rows, scale s_v), so W_v . x - s_x s_v q_v . q_x = W_v . e + R_v . (s_x q_x), at most
 // |W_v| |e| + |R_v| |s_x q_x| (Cauchy-Schwarz; the norms are computed in double and rounded
 // up), plus the float32 sums' rounding (K roundings of 2^-24 each at most, counted twice
-// over: (K + 8) 2^-22 |W_v| |x|) and the bf16 rounding of the result (2^-8 of it). The token `bf16_linear` would
-// pick has its upper bound at or above every token's lower bound, so it is a candidate, as is
-// every token tied with it (the lowest index wins, as torch.argmax).
+// over: (K + 8) 2^-22 |W_v| |x|) and the bf16 rounding of the result (2^-8 of it). The token
+// `bf16_linear` would pick has its upper bound at or above every token's lower bound, so it
+// is a candidate, as is every token tied with it (the lowest index wins, as torch.argmax).
 //
 //   greedy_head_argmax(x [M, K] bf16, packed [Vp / 16, K / 4, 16, 4] int8,
 //                      stats [4, Vp] float32 (scale, 128 * row sum, |W_v|, |R_v|),
 //                      rows [V, K] bf16) -> [M] int64
 //
-// A row answers -1 where its x is not finite or all zero, or where more than kMaxCandidates
-// tokens stay in the running: the caller computes that step's logits in full.
+// A row answers -1 where its x is not finite or all (nearly) zero, or where more than
+// kMaxCandidates tokens stay in the running: the caller computes that step's logits in full.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -82,7 +82,7 @@ struct Problem {
 
 float rounded_up(double value) { return static_cast<float>(value) * (1.0f + 1e-6f); }
 
-// xq and the row's norms; `usable` false for a non-finite or all-zero row.
+// xq and the row's norms; `usable` false for a non-finite or all-zero (or all-tiny) row.
 InputRow quantize_row(const uint16_t* x, int64_t k, uint8_t* xq) {
   double amax = 0.0;
   for (int64_t i = 0; i < k; ++i) {
@@ -90,7 +90,8 @@ InputRow quantize_row(const uint16_t* x, int64_t k, uint8_t* xq) {
     if (!std::isfinite(v)) return {1.0f, 0.0f, 0.0f, 0.0f, false};
     amax = std::max(amax, static_cast<double>(std::fabs(v)));
   }
-  if (amax == 0.0) return {1.0f, 0.0f, 0.0f, 0.0f, false};
+  // Below this (all zero, or subnormal) s_x would not be a normal float: not worth bounding.
+  if (amax < 1e-30) return {1.0f, 0.0f, 0.0f, 0.0f, false};
   const float scale = static_cast<float>(amax / 127.0);
   double e2 = 0.0, q2 = 0.0, x2 = 0.0;
   for (int64_t i = 0; i < k; ++i) {
@@ -109,8 +110,9 @@ InputRow quantize_row(const uint16_t* x, int64_t k, uint8_t* xq) {
 // The tokens of 16 columns whose upper bound reaches the row's running best lower bound. Most
 // columns fall short of it on their upper bounds, and then none of their lower bounds can
 // raise it: only the rest take the horizontal max.
-void keep_candidates(const Problem& p, const InputRow& in, int64_t column, __m512 approx,
-                     float& best_lower, std::vector<Candidate>& kept) {
+inline __attribute__((always_inline)) void keep_candidates(
+    const Problem& p, const InputRow& in, int64_t column, __m512 approx, float& best_lower,
+    std::vector<Candidate>& kept) {
   const int64_t valid = std::min<int64_t>(kColumns, p.vocab - column);
   if (valid <= 0) return;
   const __m512 magnitude = _mm512_abs_ps(approx);
@@ -195,7 +197,9 @@ void rows_remainder(const Problem& p, int64_t row, int64_t block, int64_t count,
 template <int Blocks>
 void block_rows(const Problem& p, int64_t block, ThreadState& state) {
   int64_t row = 0;
-  for (; row + kRowTile <= p.m; row += kRowTile) tile<kRowTile, Blocks>(p, row, block, row == 0, state);
+  for (; row + kRowTile <= p.m; row += kRowTile) {
+    tile<kRowTile, Blocks>(p, row, block, row == 0, state);
+  }
   rows_remainder<Blocks>(p, row, block, p.m - row, row == 0, state);
 }
 
@@ -298,7 +302,8 @@ at::Tensor greedy_head_argmax(const at::Tensor& x, const at::Tensor& packed,
                   s + 2 * padded, s + 3 * padded, m, k, rows.size(0), padded,
                   std::ldexp(static_cast<float>(k + 8), -22)};
   const std::vector<ThreadState> states = bounded_pass(p);
-  const int32_t* weight_pairs = reinterpret_cast<const int32_t*>(rows.const_data_ptr<c10::BFloat16>());
+  const int32_t* weight_pairs =
+      reinterpret_cast<const int32_t*>(rows.const_data_ptr<c10::BFloat16>());
   int64_t* chosen = out.mutable_data_ptr<int64_t>();
   switchyard_work::parallel_shares(m, [&](int64_t r) {
     chosen[r] = pick(p, states, r, reinterpret_cast<const int32_t*>(xs + r * k), weight_pairs);

@@ -8,7 +8,8 @@ computes exactly, as `bf16_linear` would, only the few tokens that could be the 
 token is the one the full logits would give, ties included.
 
 It covers a bf16 lm_head on our AVX-512-BF16 kernel without bias; it keeps an int8 copy of the
-weight (half its size) and a plain row-major one (its size again), which is what it costs.
+weight (half its size) and a plain row-major one (its size again; none where the lm_head is
+tied to the embedding table, which is that copy already), which is what it costs.
 """
 
 from __future__ import annotations
@@ -29,20 +30,22 @@ QUANTIZED_MAX = 127.0
 class GreedyHead:
     """The lm_head's int8 copy, its per-token scales and norms, and the plain bf16 weight."""
 
-    def __init__(self, weight: torch.Tensor) -> None:
+    def __init__(self, weight: torch.Tensor, table: torch.Tensor | None = None) -> None:
+        """`weight` [V, K] bf16; `table`: the same values already held elsewhere (a tied
+        embedding table), kept as the rows instead of a copy."""
         vocab, features = weight.shape
         padded = -(-vocab // COLUMNS) * COLUMNS
         quantized = torch.zeros(padded, features, dtype=torch.int8)
         stats = torch.zeros(4, padded, dtype=torch.float32)
         stats[0] = 1.0
         for first in range(0, vocab, CHUNK_ROWS):
-            rows = weight[first:first + CHUNK_ROWS]
-            last = first + rows.shape[0]
-            quantized[first:last], stats[:, first:last] = _quantize(rows)
+            chunk = weight[first:first + CHUNK_ROWS]
+            last = first + chunk.shape[0]
+            quantized[first:last], stats[:, first:last] = _quantize(chunk)
         self.packed = quantized.view(padded // COLUMNS, COLUMNS, features // 4, 4) \
             .permute(0, 2, 1, 3).contiguous()
         self.stats = stats
-        self.rows = weight.contiguous()
+        self.rows = weight.contiguous() if table is None else table
 
     @classmethod
     def of(cls, model: nn.Module) -> GreedyHead | None:
@@ -50,7 +53,8 @@ class GreedyHead:
         head = getattr(model, "lm_head", None)
         if not hasattr(model, "final_hidden") or not _covered(head):
             return None
-        return cls(unpack_bf16_kernel_weight(head.packed))
+        weight = unpack_bf16_kernel_weight(head.packed)
+        return cls(weight, _same_table(model, weight))
 
     def tokens(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """Each row's greedy token [S] int64 from the final hidden states [S, K] bf16; None
@@ -84,6 +88,15 @@ def _covered(head: nn.Module | None) -> bool:
             and hasattr(torch.ops.switchyard_cpu, "greedy_head_built")
             and bool(torch.ops.switchyard_cpu.greedy_head_built())
             and bool(torch.isfinite(head.packed).all()))
+
+
+def _same_table(model: nn.Module, weight: torch.Tensor) -> torch.Tensor | None:
+    """The embedding table where the lm_head is tied to it (no second row-major copy)."""
+    embed = getattr(getattr(getattr(model, "model", None), "embed_tokens", None), "weight", None)
+    if (embed is None or embed.dtype != weight.dtype or embed.shape != weight.shape
+            or not embed.is_contiguous() or not torch.equal(embed, weight)):
+        return None
+    return embed.detach()
 
 
 def _quantize(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

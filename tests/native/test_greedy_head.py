@@ -134,3 +134,15 @@ def test_engine_tokens_match_with_the_head_off(tiny_model: Callable[[str], Path]
     without = _engine(path, greedy_head=False)
     assert without.runner.decode_step.greedy_head is None
     assert got == _tokens(without, VOCAB)
+
+
+def test_a_tied_head_keeps_the_embedding_table_as_its_rows(
+    tiny_model: Callable[[str], Path],
+) -> None:
+    """No second row-major copy where the lm_head is the embedding table; same tokens."""
+    path = tiny_model("qwen2_bias_tied")
+    with_head = _engine(path)
+    head = with_head.runner.decode_step.greedy_head
+    assert head is not None
+    assert head.rows.data_ptr() == with_head.runner.model.model.embed_tokens.weight.data_ptr()
+    assert _tokens(with_head, VOCAB) == _tokens(_engine(path, greedy_head=False), VOCAB)
