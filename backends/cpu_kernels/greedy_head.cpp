@@ -7,8 +7,8 @@
 //
 // The bound, per row r and token v: x = s_x q_x + e (int8 rows, scale s_x), W_v = s_v q_v + R_v
 // (int8 rows, scale s_v), so W_v . x - s_x s_v q_v . q_x = W_v . e + R_v . (s_x q_x), at most
-// |W_v| |e| + |R_v| |s_x q_x| (Cauchy-Schwarz; the norms are computed in double and rounded
-// up), plus the float32 sums' rounding (K roundings of 2^-24 each at most, counted twice
+// |W_v| |e| + |R_v| |s_x q_x| (Cauchy-Schwarz; x's norms computed in double, W's at packing,
+// greedy_head.py, all rounded up), plus the float32 sums' rounding (K roundings of 2^-24 each at most, counted twice
 // over: (K + 8) 2^-22 |W_v| |x|) and the bf16 rounding of the result (2^-8 of it). The token
 // `bf16_linear` would pick has its upper bound at or above every token's lower bound, so it
 // is a candidate, as is every token tied with it (the lowest index wins, as torch.argmax).
