@@ -95,7 +95,7 @@ constexpr float kExpPolynomial[] = {1.3981999507e-3f, 8.3334519073e-3f, 4.166579
                                     1.6666665459e-1f, 5.0000001201e-1f};
 constexpr float kExpFirst = 1.9875691500e-4f;
 
-inline __m256 exp_nonpositive8(__m256 x) {
+[[gnu::always_inline]] inline __m256 exp_nonpositive8(__m256 x) {
   const __m256 clamped = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
   const __m256 n = _mm256_round_ps(_mm256_mul_ps(clamped, _mm256_set1_ps(1.44269504088896341f)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -112,7 +112,7 @@ inline __m256 exp_nonpositive8(__m256 x) {
 }
 
 #ifdef SWITCHYARD_VNNI
-inline Vec exp_nonpositive(Vec x) {
+[[gnu::always_inline]] inline Vec exp_nonpositive(Vec x) {
   const Vec clamped = _mm512_max_ps(x, splat(-87.0f));
   const Vec n = _mm512_roundscale_ps(mul(clamped, splat(1.44269504088896341f)),
                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -125,12 +125,12 @@ inline Vec exp_nonpositive(Vec x) {
   return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, splat(-87.0f), _CMP_GE_OQ), e);
 }
 #else
-inline Vec exp_nonpositive(Vec x) { return exp_nonpositive8(x); }
+[[gnu::always_inline]] inline Vec exp_nonpositive(Vec x) { return exp_nonpositive8(x); }
 #endif
 
 // 1 / (1 + exp(-g)) from exp(-|g|), which cannot overflow; eight lanes in either build (the
 // float32 linear's SiLU), and the build's width (the fused decode layers').
-inline __m256 sigmoid8(__m256 g) {
+[[gnu::always_inline]] inline __m256 sigmoid8(__m256 g) {
   const __m256 e = exp_nonpositive8(_mm256_or_ps(g, _mm256_set1_ps(-0.0f)));  // -|g|
   const __m256 total = _mm256_add_ps(_mm256_set1_ps(1.0f), e);
   return _mm256_blendv_ps(_mm256_div_ps(_mm256_set1_ps(1.0f), total), _mm256_div_ps(e, total),
@@ -138,7 +138,7 @@ inline __m256 sigmoid8(__m256 g) {
 }
 
 #ifdef SWITCHYARD_VNNI
-inline Vec sigmoid(Vec g) {
+[[gnu::always_inline]] inline Vec sigmoid(Vec g) {
   const Vec e = exp_nonpositive(sub(zero(), _mm512_abs_ps(g)));  // -|g|
   const Vec total = add(splat(1.0f), e);
   const __mmask16 negative = _mm512_cmp_ps_mask(g, zero(), _CMP_LT_OQ);
@@ -146,7 +146,7 @@ inline Vec sigmoid(Vec g) {
                               _mm512_div_ps(e, total));
 }
 #else
-inline Vec sigmoid(Vec g) { return sigmoid8(g); }
+[[gnu::always_inline]] inline Vec sigmoid(Vec g) { return sigmoid8(g); }
 #endif
 
 // Calls f(std::integral_constant<int, head_dim / kWidth>) for the head sizes compiled in (16,

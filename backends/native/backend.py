@@ -149,6 +149,7 @@ class NativeBackend:
                 "max_batch_prefill_tokens": self.config.max_batch_prefill_tokens,
                 "block_size": self.config.block_size,
                 "weight_bytes": loaded.weight_bytes,
+                "greedy_head_bytes": engine.runner.greedy_head_bytes,
                 "max_concurrent_requests": self.config.max_concurrent_requests,
                 "max_queued_requests": self.config.max_queued_requests,
                 "max_queued_tokens": self.config.max_queued_tokens,

@@ -23,7 +23,7 @@ from backends.native.sampler import GREEDY_TEMPERATURE
 from backends.native.sequence import Sequence
 
 COLUMNS = 16  # the kernel's output columns a packed block
-CHUNK_ROWS = 4096  # vocabulary rows quantized at a time (float64 temporaries)
+CHUNK_ROWS = 4096  # vocabulary rows quantized at a time (float32 temporaries)
 QUANTIZED_MAX = 127.0
 
 
@@ -46,6 +46,14 @@ class GreedyHead:
             .permute(0, 2, 1, 3).contiguous()
         self.stats = stats
         self.rows = weight.contiguous() if table is None else table
+        self.rows_are_copy = table is None
+
+    @property
+    def nbytes(self) -> int:
+        """Memory the head adds to the model's weights (its rows, where not the embedding
+        table's)."""
+        rows = self.rows.nbytes if self.rows_are_copy else 0
+        return self.packed.nbytes + self.stats.nbytes + rows
 
     @classmethod
     def of(cls, model: nn.Module) -> GreedyHead | None:

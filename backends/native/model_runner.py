@@ -46,6 +46,7 @@ class ModelRunner:
         self.kernel_prefill = any(getattr(m, "cpu_kernel", False) for m in model.modules())
         # Plain greedy steps' tokens without the whole lm_head, where the steps are compiled.
         head = GreedyHead.of(model) if greedy_head and (whole_step or compiled_prefill) else None
+        self.greedy_head_bytes = head.nbytes if head is not None else 0
         # Decode-only steps: the forward as compiled regions (mixed steps stay eager, with the
         # compiled decode attention kernel).
         self.decode_step = (

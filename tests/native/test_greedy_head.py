@@ -134,6 +134,11 @@ def test_engine_tokens_match_with_the_head_off(tiny_model: Callable[[str], Path]
     without = _engine(path, greedy_head=False)
     assert without.runner.decode_step.greedy_head is None
     assert got == _tokens(without, VOCAB)
+    # What /info reports beside the weights: int8 copy, stats and the bf16 rows.
+    vocab, features = head.rows.shape
+    assert with_head.runner.greedy_head_bytes == head.packed.numel() + head.stats.nbytes \
+        + vocab * features * 2 > 0
+    assert without.runner.greedy_head_bytes == 0
 
 
 def test_a_tied_head_keeps_the_embedding_table_as_its_rows(
@@ -145,4 +150,5 @@ def test_a_tied_head_keeps_the_embedding_table_as_its_rows(
     head = with_head.runner.decode_step.greedy_head
     assert head is not None
     assert head.rows.data_ptr() == with_head.runner.model.model.embed_tokens.weight.data_ptr()
+    assert with_head.runner.greedy_head_bytes == head.packed.nbytes + head.stats.nbytes
     assert _tokens(with_head, VOCAB) == _tokens(_engine(path, greedy_head=False), VOCAB)
