@@ -29,6 +29,7 @@
 #include <immintrin.h>
 #include <torch/library.h>
 
+#include "kernel_entry_points.h"
 #include "next_block_prefetch.h"
 #include "simd.h"
 #include "work_shares.h"
@@ -227,6 +228,10 @@ at::Tensor bf16_silu_mul_linear(const at::Tensor& x, const at::Tensor& packed) {
 }
 
 }  // namespace
+
+at::Tensor switchyard::bf16_matmul(const at::Tensor& x, const at::Tensor& packed, bool silu_mul) {
+  return linear(x, packed, std::nullopt, silu_mul);
+}
 
 TORCH_LIBRARY_FRAGMENT(switchyard_cpu, m) {
   m.def("bf16_linear_built() -> bool");

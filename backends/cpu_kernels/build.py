@@ -14,6 +14,7 @@ process:
     switchyard_cpu::f32_silu_mul_linear  the same, an MLP's gate / up with silu(gate) * up
     switchyard_cpu::row_argmax        row_argmax.cpp: greedy sampling's argmax per row
     switchyard_cpu::q4_decode_layers  decode_layers.cpp: a decode step's 4-bit layers, chained
+    switchyard_cpu::bf16_decode_layers  bf16_decode_layers.cpp: the same for bf16 kernel linears
     switchyard_cpu::greedy_head_argmax  greedy_head.cpp: greedy tokens without every logit
 
 The library is cached under the cache directory (`SWITCHYARD_CACHE_DIR`, default
@@ -60,11 +61,13 @@ SOURCES: dict[Path, tuple[str, ...]] = {
     Path(__file__).with_name("row_argmax.cpp"): (),
     Path(__file__).with_name("decode_layers.cpp"): (),
     Path(__file__).with_name("greedy_head.cpp"): (),
+    Path(__file__).with_name("bf16_decode_layers.cpp"): (),
 }
 # Sources with code for an extension only some CPUs of a variant have: its flag is added where
 # the CPU has it (else the source builds its operators as refusing stubs).
 OPTIONAL_ISA = {Path(__file__).with_name(name): ("avx512-vnni", "avx512_bf16", "-mavx512bf16")
-                for name in ("bf16_linear.cpp", "prefill_attention.cpp", "greedy_head.cpp")}
+                for name in ("bf16_linear.cpp", "prefill_attention.cpp", "greedy_head.cpp",
+                             "bf16_decode_layers.cpp")}
 HEADERS = (Path(__file__).with_name("simd.h"),
            Path(__file__).with_name("kernel_entry_points.h"),
            Path(__file__).with_name("work_shares.h"),

@@ -91,6 +91,8 @@ inline Vec zero() { return _mm256_setzero_ps(); }
 
 // exp(x) for x <= 0 (Cephes' polynomial, ~1 ulp); x below -87 gives 0, as -inf does. Eight
 // lanes in either build (the float32 linear's SiLU), and the build's width.
+// Inlined by force, as sigmoid below: left to GCC, the linears' SiLU epilogues called them
+// through the PLT (-fPIC), spilling the tile's accumulators around each call.
 constexpr float kExpPolynomial[] = {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f,
                                     1.6666665459e-1f, 5.0000001201e-1f};
 constexpr float kExpFirst = 1.9875691500e-4f;

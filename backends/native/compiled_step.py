@@ -22,9 +22,10 @@ direct call runs the graph dynamo would have picked. The logits region is called
 way per batch size (its entry cost ~0.2 ms a step), and so is the embedding region per rows'
 shape (it returns flat tensors; the step builds the DecodeMetadata from them).
 
-Models whose every layer the C++ decode layers cover (`fused_decode_layers.py`: float32,
-all-4-bit int8-dot linears, the default model's GGUF path) skip the layer region: one C++
-call runs all layers between the embedding and logits regions.
+Models whose every layer the C++ decode layers cover (`fused_decode_layers.py`: float32 with
+all-4-bit int8-dot linears, the default model's GGUF path; bf16 with every linear on our bf16
+kernel) skip the layer region: one C++ call runs all layers between the embedding and logits
+regions.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from torch import nn
 from torch._inductor.compile_fx import compile_fx
 
 from backends.native.attention import DecodeMetadata, KVCache, decode_mask, no_duck_shapes
-from backends.native.fused_decode_layers import FusedDecodeLayers
+from backends.native.fused_decode_layers import fused_decode_layers
 from backends.native.greedy_head import GreedyHead, head_output
 from backends.native.sequence import Sequence as Seq
 
@@ -209,7 +210,7 @@ class CompiledDecodeStep:
         self._direct: dict[tuple[int, ...], tuple[DirectGraph, ...]] = {}  # rows' shape -> layers
         self._direct_logits: dict[tuple[int, ...], DirectGraph] = {}  # x's shape -> logits
         self._direct_embed: dict[tuple[int, ...], DirectGraph] = {}  # rows' shape -> embed
-        self.fused_layers = FusedDecodeLayers.of(model, kv_cache)  # the layers in one C++ call
+        self.fused_layers = fused_decode_layers(model, kv_cache)  # the layers in one C++ call
         self.greedy_head = greedy_head
         for cache in (*kv_cache.k, *kv_cache.v):  # fixed for the engine's life
             torch._dynamo.mark_static(cache)
