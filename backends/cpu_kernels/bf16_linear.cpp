@@ -30,7 +30,6 @@
 #include <torch/library.h>
 
 #include "kernel_entry_points.h"
-#include "next_block_prefetch.h"
 #include "simd.h"
 #include "work_shares.h"
 
@@ -40,8 +39,6 @@
 
 namespace {
 
-using switchyard_prefetch::LineCursor;
-using switchyard_prefetch::NextPairLines;
 using switchyard_work::parallel_shares;
 
 constexpr int64_t kColumns = 16;  // output columns per packed block
@@ -49,8 +46,7 @@ constexpr int kRowTile = 8;
 // The first row tile of a block pair reads the pair's weights from memory; asking for the line
 // this many k-pairs ahead (into L2) keeps more of them in flight than the hardware prefetcher
 // does: 49 W1 linears 7-13% faster at 8-16 rows, 3-5% at 32-64, level at 1-4
-// (bench/roofline.py). Later tiles find the weights in L2 and ask for the next pair's
-// (next_block_prefetch.h).
+// (bench/roofline.py). Later tiles find the weights in L2 and ask for nothing.
 constexpr int64_t kPrefetchPairs = 64;
 
 bool bf16_linear_built() {
@@ -78,7 +74,7 @@ inline void store_bf16(uint16_t* out, __m512 sums) {
 
 // Rows [row, row + Rows) x blocks [block, block + Blocks).
 template <int Rows, int Blocks>
-void tile(const Problem& p, int64_t row, int64_t block, bool prefetch, LineCursor ahead) {
+void tile(const Problem& p, int64_t row, int64_t block, bool prefetch) {
   __m512 acc[Rows][Blocks];
   for (int r = 0; r < Rows; ++r)
     for (int b = 0; b < Blocks; ++b) acc[r][b] = _mm512_setzero_ps();
@@ -96,7 +92,6 @@ void tile(const Problem& p, int64_t row, int64_t block, bool prefetch, LineCurso
                      _MM_HINT_T1);
       }
     }
-    ahead.step(k);
 #pragma GCC unroll 8
     for (int r = 0; r < Rows; ++r) {
       const __m512bh pair = (__m512bh)_mm512_set1_epi32(x[r * p.pairs + k]);
@@ -127,32 +122,27 @@ void tile(const Problem& p, int64_t row, int64_t block, bool prefetch, LineCurso
 }
 
 template <int Blocks>
-void rows_remainder(const Problem& p, int64_t row, int64_t block, int64_t count, bool prefetch,
-                    LineCursor ahead) {
+void rows_remainder(const Problem& p, int64_t row, int64_t block, int64_t count, bool prefetch) {
   switch (count) {
-    case 1: return tile<1, Blocks>(p, row, block, prefetch, ahead);
-    case 2: return tile<2, Blocks>(p, row, block, prefetch, ahead);
-    case 3: return tile<3, Blocks>(p, row, block, prefetch, ahead);
-    case 4: return tile<4, Blocks>(p, row, block, prefetch, ahead);
-    case 5: return tile<5, Blocks>(p, row, block, prefetch, ahead);
-    case 6: return tile<6, Blocks>(p, row, block, prefetch, ahead);
-    case 7: return tile<7, Blocks>(p, row, block, prefetch, ahead);
+    case 1: return tile<1, Blocks>(p, row, block, prefetch);
+    case 2: return tile<2, Blocks>(p, row, block, prefetch);
+    case 3: return tile<3, Blocks>(p, row, block, prefetch);
+    case 4: return tile<4, Blocks>(p, row, block, prefetch);
+    case 5: return tile<5, Blocks>(p, row, block, prefetch);
+    case 6: return tile<6, Blocks>(p, row, block, prefetch);
+    case 7: return tile<7, Blocks>(p, row, block, prefetch);
     default: return;
   }
 }
 
-// Rows [first, last) against blocks [block, block + Blocks); the later row tiles fetch the pair
-// at `next` (null: none) into L2.
+// Rows [first, last) against blocks [block, block + Blocks).
 template <int Blocks>
-void row_range(const Problem& p, int64_t block, int64_t first, int64_t last,
-               const uint16_t* next) {
-  const int64_t tiles = (last - first + kRowTile - 1) / kRowTile;
-  const NextPairLines ahead(next, 2 * p.pairs, p.pairs, tiles);
-  int64_t row = first, t = 0;
-  for (; row + kRowTile <= last; row += kRowTile, ++t) {
-    tile<kRowTile, Blocks>(p, row, block, row == first, ahead.tile(t));
+void row_range(const Problem& p, int64_t block, int64_t first, int64_t last) {
+  int64_t row = first;
+  for (; row + kRowTile <= last; row += kRowTile) {
+    tile<kRowTile, Blocks>(p, row, block, row == first);
   }
-  rows_remainder<Blocks>(p, row, block, last - row, row == first, ahead.tile(t));
+  rows_remainder<Blocks>(p, row, block, last - row, row == first);
 }
 
 // Work items are (pair of blocks, row chunk), a pair's chunks consecutive so that a thread
@@ -164,16 +154,12 @@ void run(const Problem& p) {
   const int64_t chunks =
       std::clamp<int64_t>((wanted + pairs - 1) / pairs, 1, (p.m + kRowTile - 1) / kRowTile);
   const int64_t chunk_rows = ((p.m + chunks - 1) / chunks + kRowTile - 1) / kRowTile * kRowTile;
-  const int64_t items = pairs * chunks;
-  parallel_shares(items, [&](int64_t item) {
+  parallel_shares(pairs * chunks, [&](int64_t item) {
     const int64_t pair = item / chunks, first = (item % chunks) * chunk_rows;
     const int64_t last = std::min(p.m, first + chunk_rows);
     if (first >= last) return;
-    // The thread's next item as a rule, where it starts another pair: fetched early.
-    const bool next_is_new = item + 1 < items && (item + 1) % chunks == 0;
-    const uint16_t* next = next_is_new ? p.w + 2 * (pair + 1) * p.pairs * 2 * kColumns : nullptr;
-    if (2 * pair + 1 < blocks) row_range<2>(p, 2 * pair, first, last, next);
-    else row_range<1>(p, 2 * pair, first, last, next);
+    if (2 * pair + 1 < blocks) row_range<2>(p, 2 * pair, first, last);
+    else row_range<1>(p, 2 * pair, first, last);
   });
 }
 

@@ -70,8 +70,7 @@ OPTIONAL_ISA = {Path(__file__).with_name(name): ("avx512-vnni", "avx512_bf16", "
                              "bf16_decode_layers.cpp")}
 HEADERS = (Path(__file__).with_name("simd.h"),
            Path(__file__).with_name("kernel_entry_points.h"),
-           Path(__file__).with_name("work_shares.h"),
-           Path(__file__).with_name("next_block_prefetch.h"))
+           Path(__file__).with_name("work_shares.h"))
 SETTING = "SWITCHYARD_CPU_KERNELS"
 VARIANTS = {
     "avx512-vnni": ("-DSWITCHYARD_VNNI", "-mavx512f", "-mavx512bw", "-mavx512vl",

@@ -27,7 +27,6 @@
 #include <immintrin.h>
 #include <torch/library.h>
 
-#include "next_block_prefetch.h"
 #include "work_shares.h"
 
 #include <algorithm>
@@ -142,8 +141,7 @@ inline __attribute__((always_inline)) void keep_candidates(
 
 // Rows [row, row + Rows) x blocks [block, block + Blocks): int8 sums, then bounds.
 template <int Rows, int Blocks>
-void tile(const Problem& p, int64_t row, int64_t block, bool prefetch,
-          switchyard_prefetch::LineCursor ahead, ThreadState& state) {
+void tile(const Problem& p, int64_t row, int64_t block, bool prefetch, ThreadState& state) {
   __m512i acc[Rows][Blocks];
   for (int r = 0; r < Rows; ++r)
     for (int b = 0; b < Blocks; ++b) acc[r][b] = _mm512_setzero_si512();
@@ -160,7 +158,6 @@ void tile(const Problem& p, int64_t row, int64_t block, bool prefetch,
                          w + b * block_stride + (q + kPrefetchQuads) * 4 * kColumns),
                      _MM_HINT_T1);
     }
-    ahead.step(q);
 #pragma GCC unroll 8
     for (int r = 0; r < Rows; ++r) {
       const __m512i quad = _mm512_set1_epi32(x[r * quads + q]);
@@ -184,29 +181,26 @@ void tile(const Problem& p, int64_t row, int64_t block, bool prefetch,
 
 template <int Blocks>
 void rows_remainder(const Problem& p, int64_t row, int64_t block, int64_t count, bool prefetch,
-                    switchyard_prefetch::LineCursor ahead, ThreadState& state) {
+                    ThreadState& state) {
   switch (count) {
-    case 1: return tile<1, Blocks>(p, row, block, prefetch, ahead, state);
-    case 2: return tile<2, Blocks>(p, row, block, prefetch, ahead, state);
-    case 3: return tile<3, Blocks>(p, row, block, prefetch, ahead, state);
-    case 4: return tile<4, Blocks>(p, row, block, prefetch, ahead, state);
-    case 5: return tile<5, Blocks>(p, row, block, prefetch, ahead, state);
-    case 6: return tile<6, Blocks>(p, row, block, prefetch, ahead, state);
-    case 7: return tile<7, Blocks>(p, row, block, prefetch, ahead, state);
+    case 1: return tile<1, Blocks>(p, row, block, prefetch, state);
+    case 2: return tile<2, Blocks>(p, row, block, prefetch, state);
+    case 3: return tile<3, Blocks>(p, row, block, prefetch, state);
+    case 4: return tile<4, Blocks>(p, row, block, prefetch, state);
+    case 5: return tile<5, Blocks>(p, row, block, prefetch, state);
+    case 6: return tile<6, Blocks>(p, row, block, prefetch, state);
+    case 7: return tile<7, Blocks>(p, row, block, prefetch, state);
     default: return;
   }
 }
 
 template <int Blocks>
 void block_rows(const Problem& p, int64_t block, ThreadState& state) {
-  const int64_t quads = p.k / 4, tiles = (p.m + kRowTile - 1) / kRowTile;
-  const switchyard_prefetch::NextPairLines next(p.packed + (block + Blocks) * quads * 4 * kColumns,
-                                                2 * quads, quads, tiles);
-  int64_t row = 0, t = 0;
-  for (; row + kRowTile <= p.m; row += kRowTile, ++t) {
-    tile<kRowTile, Blocks>(p, row, block, row == 0, next.tile(t), state);
+  int64_t row = 0;
+  for (; row + kRowTile <= p.m; row += kRowTile) {
+    tile<kRowTile, Blocks>(p, row, block, row == 0, state);
   }
-  rows_remainder<Blocks>(p, row, block, p.m - row, row == 0, next.tile(t), state);
+  rows_remainder<Blocks>(p, row, block, p.m - row, row == 0, state);
 }
 
 // Every thread's candidates, found over pairs of blocks dealt as work shares.
