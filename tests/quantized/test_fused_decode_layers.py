@@ -9,14 +9,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import torch
 
 from backends.base import SamplingParams
 from backends.cpu_kernels.build import active_variant
-from backends.native.attention import DecodeMetadata, KVCache
+from backends.native.attention import DecodeMetadata
 from backends.native.compiled_step import _embed
 from backends.native.engine import LLMEngine
 from backends.native.fused_decode_layers import FusedDecodeLayers
+from tests.native.fused_layer_checks import counted_fused_calls, decode_rows, random_caches
 from tests.quantized.gguf_files import T, write_tiny_gguf
 from tests.quantized.helpers import make_engine, native_greedy
 
@@ -42,21 +42,6 @@ def q4_engine(tmp_path_factory: pytest.TempPathFactory, default_gguf_path: str) 
                        max_total_tokens=64)
 
 
-def _decode_rows(positions: list[int], tables: list[list[int]]) -> torch.Tensor:
-    """The compiled step's input rows: token, position, cache slot, first position, table."""
-    rows = []
-    for i, (position, table) in enumerate(zip(positions, tables, strict=True)):
-        slot = table[position // BLOCK] * BLOCK + position % BLOCK
-        rows.append([100 + 7 * i, position, slot, 0, *table])
-    return torch.tensor(rows, dtype=torch.long)
-
-
-def _random_caches(kv_cache: KVCache, seed: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    gen = torch.Generator().manual_seed(seed)
-    return ([torch.randn(k.shape, generator=gen) for k in kv_cache.k],
-            [torch.randn(v.shape, generator=gen) for v in kv_cache.v])
-
-
 @pytest.mark.parametrize("positions", [[6], [6, 13, 2]])
 def test_fused_layers_match_the_layers_one_by_one(
     q4_engine: LLMEngine, positions: list[int],
@@ -65,16 +50,16 @@ def test_fused_layers_match_the_layers_one_by_one(
     fused = q4_engine.runner.decode_step.fused_layers
     assert fused is not None, "an all-Q4_0 Llama in float32 is covered"
     tables = [[5, 2, 9, 0], [1, 7, 3, 11], [8, 4, 0, 0]][: len(positions)]
-    rows = _decode_rows(positions, tables)
+    rows = decode_rows(positions, tables, BLOCK)
     x, cos, sin, slot_blocks, slot_offsets, mask = _embed(model, rows, BLOCK)
     meta = DecodeMetadata(slot_blocks, slot_offsets, rows[:, 4:], mask)
 
-    want_k, want_v = _random_caches(q4_engine.runner.kv_cache, seed=1)
+    want_k, want_v = random_caches(q4_engine.runner.kv_cache, seed=1)
     want = x
     for layer, k, v in zip(model.model.layers, want_k, want_v, strict=True):
         want = layer(want, cos, sin, k, v, meta)
 
-    got_k, got_v = _random_caches(q4_engine.runner.kv_cache, seed=1)
+    got_k, got_v = random_caches(q4_engine.runner.kv_cache, seed=1)
     fused.k_caches, fused.v_caches = got_k, got_v
     try:
         got = fused(x, cos, sin, meta)
@@ -91,23 +76,9 @@ def test_fused_layers_match_the_layers_one_by_one(
 
 
 def test_compiled_engine_decodes_through_the_fused_layers_as_eager(q4_engine: LLMEngine) -> None:
-    step = q4_engine.runner.decode_step
-    calls = []
-    inner = step.fused_layers.__call__
-
-    class Counted:
-        rows_fit = staticmethod(FusedDecodeLayers.rows_fit)
-
-        def __call__(self, *args: torch.Tensor) -> torch.Tensor:
-            calls.append(args[0].shape[0])
-            return inner(*args)
-
-    fused, step.fused_layers = step.fused_layers, Counted()
     prompt = list(range(300, 318))
-    try:
+    with counted_fused_calls(q4_engine.runner.decode_step) as calls:
         tokens, logits = native_greedy(q4_engine, prompt, steps=4)
-    finally:
-        step.fused_layers = fused
     assert calls == [1, 1, 1]  # the three decode steps after the prompt's
     eager = make_engine(q4_engine.config.model, dtype="float32", compile=False,
                         block_size=BLOCK, max_total_tokens=64)
