@@ -27,9 +27,9 @@ class BackendSpec:
 
 
 def _native(spec: BackendSpec) -> Backend:
+    from backends.machine.cache_dir import DEFAULT_CACHE_DIR
     from backends.native.backend import NativeBackend
     from backends.native.config import EngineConfig
-    from backends.native.startup_cache import DEFAULT_CACHE_DIR
 
     known = {f.name for f in dataclasses.fields(EngineConfig)} - {"model", "served_model_name"}
     unknown = sorted(set(spec.options) - known)

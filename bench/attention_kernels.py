@@ -68,7 +68,7 @@ def decode_case(args: argparse.Namespace, batch: int, dtype, scattered: bool,
     """Median ms a layer, each of `--layers` caches read in turn."""
     import torch
 
-    from backends.native.attention import _decode_fused, decode_mask
+    from backends.native.layers.attention import _decode_fused, decode_mask
 
     gen = torch.Generator().manual_seed(batch)
     width = -(-args.context // BLOCK_SIZE)

@@ -63,7 +63,7 @@ def configure_threads(threads: int, bind: bool) -> str:
 
 def resolve_bench_dtype(name: str) -> str:
     """`--dtype` for a CPU bench: `auto` is the engine's choice for this machine."""
-    from backends.native.cpu_dtype import machine_cpu_choice
+    from backends.machine.cpu_dtype import machine_cpu_choice
 
     return machine_cpu_choice().name if name == "auto" else name
 
@@ -76,7 +76,7 @@ def machine_facts(dtype: str | None, threads: int) -> dict[str, Any]:
     """
     import torch
 
-    from backends.native.cpu_dtype import gather_cpu_facts, machine_cpu_choice
+    from backends.machine.cpu_dtype import gather_cpu_facts, machine_cpu_choice
 
     facts = gather_cpu_facts()
     auto = machine_cpu_choice()  # bf16 exactly where bf16 matmul is native
@@ -125,7 +125,7 @@ def write_default_tokenizer(folder: Path) -> None:
     from transformers import AutoTokenizer
     from transformers.utils import logging
 
-    from backends.native.default_model import default_model_path
+    from backends.default_model import default_model_path
 
     gguf = default_model_path()
     logging.set_verbosity_error()  # the GGUF tokenizer's `legacy` notice

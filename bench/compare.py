@@ -404,7 +404,7 @@ def fail_all(engine: str, runs: list[Run], message: str, figures: Figures, logs:
 def prepare_models(runs: list[Run], engines: list[str], dtype: str, seed: int, tmp: Path,
                    ) -> dict[str, ModelFiles]:
     """The W1 folder (+ its GGUF when llama-server runs) and the default model's file."""
-    from backends.native.default_model import default_model_path
+    from backends.default_model import default_model_path
 
     default_gguf = Path(default_model_path())
     models: dict[str, ModelFiles] = {}

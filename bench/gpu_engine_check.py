@@ -56,7 +56,7 @@ def prepare(folder: Path) -> None:
 
     from transformers import AutoTokenizer
 
-    from backends.native.default_model import default_model_path
+    from backends.default_model import default_model_path
     from tests.conftest import write_tiny_model
 
     gguf = default_model_path()
@@ -91,7 +91,7 @@ def reference(path: Path, dtype: torch.dtype) -> list[list[int]]:
 def engine_tokens(path: Path, dtype: str, options: dict[str, bool]) -> tuple[list[list[int]], str]:
     from backends.base import SamplingParams
     from backends.native.config import EngineConfig
-    from backends.native.engine import LLMEngine
+    from backends.native.llm_engine import LLMEngine
 
     start = time.perf_counter()
     engine = LLMEngine(EngineConfig(model=str(path), device="cuda", dtype=dtype, cache_dir=None,

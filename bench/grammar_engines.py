@@ -248,11 +248,11 @@ def tiny_tokenizer() -> Any:
 
 
 def default_tokenizer() -> Any:
-    from backends.native.default_model import default_model_path
-    from backends.native.loader import load_checkpoint
-    from backends.native.tokenizer import Tokenizer
+    from backends.default_model import default_model_path
+    from backends.native.loading.loader import load_checkpoint
+    from backends.native.loading.tokenizer_loading import load_tokenizer
 
-    return Tokenizer.from_checkpoint(load_checkpoint(default_model_path())).hf
+    return load_tokenizer(load_checkpoint(default_model_path())).hf
 
 
 def print_table(results: dict[str, Any]) -> None:

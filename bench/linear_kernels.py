@@ -55,7 +55,7 @@ def measure(k: int, n: int, rows: int, dtype: str, repeats: int) -> dict[str, fl
     import torch
     import torch.nn.functional as F
 
-    from backends.native.cpu_linear import PrepackedLinear
+    from backends.native.layers.cpu_linear import PrepackedLinear
 
     linear = torch.nn.Linear(k, n, bias=False).to(getattr(torch, dtype))
     packed = PrepackedLinear(linear)

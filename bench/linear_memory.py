@@ -31,8 +31,8 @@ SHAPES = {"qkv": (576, 960), "o": (576, 576), "gate_up": (576, 3072), "down": (1
 ARM = """
 import json, random, sys, time
 import torch
-from backends.native import cpu_linear
-from backends.native.cpu_linear import PrepackedLinear
+from backends.native.layers import cpu_linear
+from backends.native.layers.cpu_linear import PrepackedLinear
 arm, dtype, calls, max_rows, threads, shapes = sys.argv[1:7]
 torch.set_num_threads(int(threads))
 if arm == "exact":

@@ -93,7 +93,7 @@ def engine_overrides(pairs: list[str]) -> dict[str, Any]:
 
 def build_engine(model: str, dtype: str, max_batch: int, overrides: dict[str, Any]) -> Any:
     from backends.native.config import EngineConfig
-    from backends.native.engine import LLMEngine
+    from backends.native.llm_engine import LLMEngine
 
     config = EngineConfig(model=model, dtype=dtype, max_batch_size=max_batch,
                           max_total_tokens=1024, max_batch_prefill_tokens=16384, cache_dir=None,
@@ -125,7 +125,7 @@ def time_phases(engine: Any, steps: int) -> dict[str, float]:
     if engine.runner.decode_step is not None:  # the compiled whole-step graph
         clock.wrap(engine.runner.decode_step, "run", "forward")
     clock.wrap(engine, "_append", "append")
-    import backends.native.engine as engine_module
+    import backends.native.llm_engine as engine_module
 
     original_sample = engine_module.sample
     clock.wrap(engine_module, "sample", "sample")

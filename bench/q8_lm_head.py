@@ -45,8 +45,8 @@ def main() -> None:
     configure_threads(args.threads, False)
     import torch
 
-    from backends.native.default_model import default_model_path
-    from backends.native.gguf_reader import open_gguf, raw_tensor
+    from backends.default_model import default_model_path
+    from backends.native.loading.gguf_reader import open_gguf, raw_tensor
     from backends.quantized import q8_linear
     from backends.quantized.gguf import affine, q8_0_values
     from backends.quantized.int4_linear import Int4Linear

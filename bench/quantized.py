@@ -77,7 +77,7 @@ def make_engine(
     model: str, threads: int, quantize: str | None, batch: int, kernels: str, dtype: str,
 ):
     from backends.native.config import EngineConfig
-    from backends.native.engine import LLMEngine
+    from backends.native.llm_engine import LLMEngine
 
     return LLMEngine(EngineConfig(
         model=model, dtype=dtype, max_total_tokens=256, max_batch_size=batch,

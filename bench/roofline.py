@@ -85,7 +85,7 @@ def call_linears(linears: Sequence[Callable[[Any], object]], inputs: Sequence[An
 def linear_rates(dtype: str, repeats: int, ours: bool) -> dict[str, dict[int, float]]:
     import torch
 
-    from backends.native.cpu_linear import PrepackedLinear
+    from backends.native.layers.cpu_linear import PrepackedLinear
 
     torch_dtype = getattr(torch, dtype)
     rates: dict[str, dict[int, float]] = {}
@@ -107,7 +107,7 @@ def decode_step_linears(dtype: str, repeats: int, kernels: list[str],
     kernels alternate); flop per row and weight bytes of that step."""
     import torch
 
-    from backends.native.cpu_linear import PrepackedLinear
+    from backends.native.layers.cpu_linear import PrepackedLinear
 
     layers = LLAMA_125M["num_hidden_layers"]
     shapes = [SHAPES[name] for name in ("qkv", "o", "gate_up", "down")] * layers

@@ -56,9 +56,9 @@ def parse_args() -> argparse.Namespace:
 
 
 def load_engine():  # noqa: ANN201 - torch types load lazily, after configure_threads
+    from backends.default_model import default_model_path
     from backends.native.config import EngineConfig
-    from backends.native.default_model import default_model_path
-    from backends.native.engine import LLMEngine
+    from backends.native.llm_engine import LLMEngine
 
     return LLMEngine(EngineConfig(model=default_model_path(), max_total_tokens=1024))
 

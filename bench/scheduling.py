@@ -37,7 +37,7 @@ def _percentile(values: list[float], q: float) -> float:
 
 def _engine(folder: Path, threads: int, dtype: str, **options: Any):
     from backends.native.config import EngineConfig
-    from backends.native.engine import LLMEngine
+    from backends.native.llm_engine import LLMEngine
 
     config = EngineConfig(model=str(folder), dtype=dtype, max_total_tokens=2048,
                           max_batch_size=64, num_threads=threads, **options)

@@ -89,7 +89,7 @@ def run_native(
     """The native engine: every request added at once, run to completion."""
     from backends.base import SamplingParams
     from backends.native.config import EngineConfig
-    from backends.native.engine import LLMEngine
+    from backends.native.llm_engine import LLMEngine
 
     config = EngineConfig(
         model=str(folder), dtype=dtype, max_total_tokens=256,

@@ -51,8 +51,8 @@ def _inductor_cache_per_cpu_kind() -> None:
     """Tests' own torch.compile calls get a folder per CPU kind, as the engine's do:
     inductor's keys miss ATEN_CPU_CAPABILITY, and a run capped to AVX2 after an uncapped one
     reused 16-lane kernels (test_f32_linear's relu left half of each 16 unclamped)."""
-    from backends.native.cpu_dtype import machine_key
-    from backends.native.startup_cache import point_inductor_cache
+    from backends.machine.cache_dir import point_inductor_cache
+    from backends.machine.cpu_dtype import machine_key
 
     point_inductor_cache(None, machine_key())
 
@@ -79,7 +79,7 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
 
 @pytest.fixture(scope="session")
 def default_gguf_path() -> str:
-    from backends.native.default_model import default_model_path
+    from backends.default_model import default_model_path
 
     return default_model_path()
 

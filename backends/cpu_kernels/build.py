@@ -43,8 +43,8 @@ from pathlib import Path
 import torch
 import torch.utils.cpp_extension as cpp_extension
 
-from backends.native.cpu_dtype import read_cpuinfo
-from backends.native.startup_cache import DEFAULT_CACHE_DIR, cache_root
+from backends.machine.cache_dir import DEFAULT_CACHE_DIR, cache_root
+from backends.machine.cpu_dtype import read_cpuinfo
 
 log = logging.getLogger(__name__)
 

@@ -34,23 +34,23 @@ from backends.base import (
     Usage,
 )
 from backends.native.config import EngineConfig
-from backends.native.deadlines import QUEUE_TIMEOUT, REQUEST_TIMEOUT
-from backends.native.engine import LLMEngine, RequestOutput
-from backends.native.load_progress import (
+from backends.native.llm_engine import LLMEngine, RequestOutput
+from backends.native.loading.load_progress import (
     LoadTracker,
     describe,
     json_logs_everywhere,
     tracking,
 )
-from backends.native.prompt_checks import (
+from backends.native.loading.startup_cache import LoadStages
+from backends.native.queue_limits import WaitingRequests
+from backends.native.scheduling.deadlines import QUEUE_TIMEOUT, REQUEST_TIMEOUT
+from backends.text.prompt_checks import (
     check_prompt,
     decode_checked,
     encode_request,
     overloaded,
     timed_out,
 )
-from backends.native.queue_limits import WaitingRequests
-from backends.native.startup_cache import LoadStages
 from backends.torch_thread import start_torch_thread
 
 if TYPE_CHECKING:

@@ -15,10 +15,10 @@ from dataclasses import replace
 from typing import Any
 
 from backends.base import DeploymentError, GenerationEvent, GenerationRequest, RequestError
-from backends.native.stop_checker import StopChecker
 from backends.remote.client import UpstreamClient
 from backends.remote.http import malformed, parse_json, sse_data, transport_errors
 from backends.remote.upstream import UpstreamBackend
+from backends.text.stop_checker import StopChecker
 from backends.tgi.frames import FrameReader, prefill_tokens, whole_as_frames
 from backends.tgi.options import TGIOptions
 from backends.tgi.payload import build_payload

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from backends.base import FinishReason, GenerationEvent, TokenInfo, TopLogprob, Usage
-from backends.native.stop_checker import StopChecker  # pure Python, no torch
 from backends.remote.http import malformed, stream_error
+from backends.text.stop_checker import StopChecker  # pure Python, no torch
 
 _FINISH: dict[str, tuple[FinishReason, str | None]] = {
     "length": ("length", None), "eos_token": ("stop", "eos_token"),

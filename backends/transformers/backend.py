@@ -33,13 +33,13 @@ from backends.base import (
     SamplingParams,
     StepTiming,
 )
-from backends.native.logprobs import TokenTexts
-from backends.native.prompt_checks import (
+from backends.text.prompt_checks import (
     check_prompt,
     decode_checked,
     encode_request,
     overloaded,
 )
+from backends.text.token_texts import TokenTexts
 from backends.torch_thread import start_torch_thread
 from backends.transformers.loading import LoadedHF, load
 from backends.transformers.options import TransformersOptions

@@ -15,9 +15,9 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-from backends.native.cpu_dtype import choose_dtype
-from backends.native.default_model import resolve_model_path
-from backends.native.tokenizer import Tokenizer
+from backends.default_model import resolve_model_path
+from backends.machine.cpu_dtype import choose_dtype
+from backends.text.tokenizer import Tokenizer
 from backends.transformers.options import TransformersOptions
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ DTYPES = ("auto", "bfloat16", "float16", "float32")
 
 @dataclass(frozen=True)
 class TransformersOptions:
-    dtype: str = "auto"  # auto: backends/native/cpu_dtype.py decides on CPU; float16 on CUDA
+    dtype: str = "auto"  # auto: backends/machine/cpu_dtype.py decides on CPU; float16 on CUDA
     device: str = "cpu"  # cpu | cuda | cuda:N
     max_input_tokens: int | None = None  # default: max_total_tokens - 1
     max_total_tokens: int | None = None  # default: min(model context, 4096)

@@ -11,10 +11,10 @@ import time
 from collections.abc import Callable
 
 from backends.base import GenerationEvent, RequestTimings, SamplingParams, TokenInfo, Usage
-from backends.native.detokenizer import IncrementalDetokenizer
-from backends.native.logprobs import TokenTexts
-from backends.native.stop_checker import StopChecker
-from backends.native.tokenizer import Tokenizer
+from backends.text.detokenizer import IncrementalDetokenizer
+from backends.text.stop_checker import StopChecker
+from backends.text.token_texts import TokenTexts
+from backends.text.tokenizer import Tokenizer
 
 
 class RequestTracker:

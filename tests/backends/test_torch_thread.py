@@ -16,7 +16,7 @@ import pytest
 from backends.base import GenerationRequest, SamplingParams
 from backends.native.backend import NativeBackend
 from backends.native.config import EngineConfig
-from backends.native.engine import LLMEngine
+from backends.native.llm_engine import LLMEngine
 from backends.torch_thread import start_torch_thread
 from backends.transformers import backend as transformers_backend
 from backends.transformers.backend import TransformersBackend

@@ -13,9 +13,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from backends.machine.cpu_dtype import bf16_verdict, gather_cpu_facts
 from backends.native.backend import NativeBackend
 from backends.native.config import EngineConfig
-from backends.native.cpu_dtype import bf16_verdict, gather_cpu_facts
 from gateway.app import create_app
 from gateway.settings import Settings
 from tests.gateway.conftest import running_server

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from backends.base import LoadReport, LoadStage
-from backends.native.load_progress import LoadTracker, describe, weight_progress
+from backends.native.loading.load_progress import LoadTracker, describe, weight_progress
 from gateway.app import create_app
 from gateway.log_format import JsonFormatter, log_config
 from gateway.settings import Settings
@@ -93,15 +93,15 @@ def test_tracker_reports_the_stage_its_progress_and_the_finished_ones() -> None:
 
 
 def test_weight_progress_logs_about_every_tenth(caplog, monkeypatch) -> None:
-    monkeypatch.setattr("backends.native.load_progress.LOG_GAP_S", 0.0)
-    caplog.set_level(logging.INFO, logger="backends.native.load_progress")
+    monkeypatch.setattr("backends.native.loading.load_progress.LOG_GAP_S", 0.0)
+    caplog.set_level(logging.INFO, logger="backends.native.loading.load_progress")
     assert list(weight_progress(range(20), 20)) == list(range(20))
     lines = [r.getMessage() for r in caplog.records if "reading weights" in r.getMessage()]
     assert len(lines) == 10 and lines[-1] == "reading weights: 20/20 (100%) tensors"
 
 
 def test_a_fast_load_logs_no_progress_lines(caplog) -> None:
-    caplog.set_level(logging.INFO, logger="backends.native.load_progress")
+    caplog.set_level(logging.INFO, logger="backends.native.loading.load_progress")
     assert len(list(weight_progress(range(20), 20))) == 20
     assert not [r for r in caplog.records if "reading weights" in r.getMessage()]
 

@@ -18,7 +18,7 @@ from auth.memory_limiter import MemoryLimiter
 from auth.policy import KeyAccess
 from backends.native.backend import NativeBackend
 from backends.native.config import EngineConfig
-from backends.native.engine import LLMEngine
+from backends.native.llm_engine import LLMEngine
 from gateway.app import create_app
 from gateway.settings import Settings
 from tests.auth.conftest import ADMIN_KEY, admin_headers

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from backends.native.model_setup import EngineConfigError
+from backends.native.loading.model_setup import EngineConfigError
 from tests.native.test_parity import make_engine
 
 

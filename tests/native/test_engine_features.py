@@ -23,7 +23,7 @@ from backends.base import (
 )
 from backends.native.backend import NativeBackend
 from backends.native.config import EngineConfig
-from backends.native.engine import LLMEngine, RequestOutput
+from backends.native.llm_engine import LLMEngine, RequestOutput
 from tests.native.test_parity import assert_all_blocks_free, make_engine
 
 TOLERANCE = 1e-4
@@ -241,14 +241,16 @@ class _Watched(torch.Tensor):
 def test_prompt_logprobs_of_a_long_prompt_are_computed_in_slices(tokenizer_dir: Path) -> None:
     """A [P, V] float32 copy of a long prompt's logits takes gigabytes: the work goes in
     slices of PROMPT_ROWS_PER_SLICE rows, with the same values as in one piece."""
-    from backends.native import logprobs
-    from backends.native.tokenizer import Tokenizer
+    from backends.native.sampling import logprobs
+
+    from backends.text.token_texts import TokenTexts
+    from backends.text.tokenizer import Tokenizer
 
     tokenizer = Tokenizer(AutoTokenizer.from_pretrained(tokenizer_dir))
     rows, vocab = 3 * logprobs.PROMPT_ROWS_PER_SLICE + 5, 64
     logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(0))
     targets = torch.randint(0, vocab, (rows,), generator=torch.Generator()).tolist()
-    texts = logprobs.TokenTexts(tokenizer)
+    texts = TokenTexts(tokenizer)
     _Watched.largest = 0
     infos = logprobs.prompt_token_infos(
         logits.to(torch.bfloat16).as_subclass(_Watched), targets, 2, texts, lambda t: False)
@@ -279,8 +281,8 @@ def test_the_chosen_token_reads_the_same_among_its_alternatives(path: Path) -> N
 
 
 def test_decode_checked_refuses_ids_outside_the_vocabulary(tokenizer_dir: Path) -> None:
-    from backends.native.prompt_checks import decode_checked
-    from backends.native.tokenizer import Tokenizer
+    from backends.text.prompt_checks import decode_checked
+    from backends.text.tokenizer import Tokenizer
 
     tokenizer = Tokenizer(AutoTokenizer.from_pretrained(tokenizer_dir))
     ids = tokenizer.encode("Hello there")

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from backends.base import SamplingParams
-from backends.native.engine import LLMEngine
+from backends.native.llm_engine import LLMEngine
 from tests.native.test_parity import assert_all_blocks_free, make_engine
 
 

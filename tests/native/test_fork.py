@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from backends.base import SamplingParams
-from backends.native.attention import KVCache
-from backends.native.block_manager import BlockManager
-from backends.native.engine import LLMEngine
-from backends.native.scheduler import Scheduler, SchedulerConfig
-from backends.native.sequence import Sequence, SequenceStatus
+from backends.native.layers.attention import KVCache
+from backends.native.llm_engine import LLMEngine
+from backends.native.scheduling.block_manager import BlockManager
+from backends.native.scheduling.scheduler import Scheduler, SchedulerConfig
+from backends.native.scheduling.sequence import Sequence, SequenceStatus
 from tests.native.test_parity import assert_all_blocks_free, make_engine, reference_greedy
 
 PROMPT_LEN = 13  # not a multiple of the block size: the last prompt block is shared and written

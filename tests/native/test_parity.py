@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 
 from backends.base import SamplingParams
 from backends.native.config import EngineConfig
-from backends.native.engine import LLMEngine
+from backends.native.llm_engine import LLMEngine
 from tests.conftest import ARCHITECTURES
 
 NEW_TOKENS = 32

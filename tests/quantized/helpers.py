@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from backends.base import SamplingParams
 from backends.native.config import EngineConfig
-from backends.native.engine import LLMEngine
+from backends.native.llm_engine import LLMEngine
 from tests.fixtures.quantized._common import STEPS
 
 ROOT = Path(__file__).parents[2]

@@ -12,11 +12,11 @@ import pytest
 
 from backends.base import SamplingParams
 from backends.cpu_kernels.build import active_variant
-from backends.native.attention import DecodeMetadata
-from backends.native.compiled_step import _embed
-from backends.native.engine import LLMEngine
-from backends.native.fused_decode_layers import FusedDecodeLayers
-from tests.native.fused_layer_checks import counted_fused_calls, decode_rows, random_caches
+from backends.native.layers.attention import DecodeMetadata
+from backends.native.llm_engine import LLMEngine
+from backends.native.runner.compiled_step import _embed
+from backends.native.runner.fused_decode_layers import FusedDecodeLayers
+from tests.native.runner.fused_layer_checks import counted_fused_calls, decode_rows, random_caches
 from tests.quantized.gguf_files import T, write_tiny_gguf
 from tests.quantized.helpers import make_engine, native_greedy
 

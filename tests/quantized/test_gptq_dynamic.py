@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from backends.native.cpu_linear import PrepackedLinear, can_prepack
+from backends.native.layers.cpu_linear import PrepackedLinear, can_prepack
 from backends.quantized.config import GPTQConfig, QuantizationError, resolve_quantization
 from tests.quantized.helpers import (
     LOGIT_TOLERANCE,

@@ -14,13 +14,13 @@ from torch import nn
 from transformers import PretrainedConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from backends.native.attention import (
+from backends.native.layers.attention import (
     AttentionMetadata,
     DecodeMetadata,
     KVCache,
     paged_attention,
 )
-from backends.native.model_support import rope_type
+from backends.native.models.support import rope_type
 
 if TYPE_CHECKING:
     from backends.quantized.loading import QuantizedLinears

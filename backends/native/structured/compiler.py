@@ -12,7 +12,7 @@ from llguidance import LLMatcher
 from backends.base import StructuredOutput
 from backends.native.structured.grammar import GrammarError, describe, grammar_text
 from backends.native.structured.matcher import GrammarMatcher
-from backends.native.tokenizer import Tokenizer
+from backends.text.tokenizer import Tokenizer
 
 
 class CompiledGrammar:

@@ -1,0 +1,265 @@
+"""GGUF files: a transformers config from the metadata, and dequantized tensors under HF names.
+
+llama.cpp's converter permutes the rows of q/k projections (for its interleaved RoPE); we undo
+that exactly as transformers' own GGUF loader does, so the weights match `from_pretrained`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+import transformers
+from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, ReaderTensor
+from gguf.quants import dequantize
+
+from backends.native.models.support import UnsupportedModelError
+from backends.quantized.gguf import KEPT_TYPES, GGUFRaw
+
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
+
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_BLOCK_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_BIAS_NAMES = {  # qwen2 only
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+}
+_BLOCK_RE = re.compile(r"^blk\.(\d+)\.(.+)$")
+
+
+def open_gguf(path: str) -> GGUFReader:
+    try:
+        return GGUFReader(path)
+    except (ValueError, OSError) as exc:
+        raise ValueError(f"Cannot read GGUF file {path}: {exc}") from exc
+
+
+def field_value(reader: GGUFReader, key: str, default: Any = None) -> Any:
+    field = reader.get_field(key)
+    if field is None or not field.types:
+        return default
+    return field.contents()
+
+
+def scalar_metadata(reader: GGUFReader) -> dict[str, Any]:
+    """Every non-array metadata field (the token lists and merges are left out)."""
+    return {
+        key: field.contents()
+        for key, field in reader.fields.items()
+        if field.types and field.types[0] != GGUFValueType.ARRAY
+    }
+
+
+def gguf_architecture(reader: GGUFReader) -> str:
+    arch = field_value(reader, "general.architecture")
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise UnsupportedModelError(
+            f"GGUF architecture {arch!r} is not supported by the native engine "
+            f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})."
+        )
+    return arch
+
+
+def gguf_config(reader: GGUFReader) -> transformers.PretrainedConfig:
+    """A LlamaConfig / Qwen2Config built from the GGUF metadata."""
+    arch = gguf_architecture(reader)
+    names = {t.name for t in reader.tensors}
+    _refuse_unknown_tensors(arch, names)
+
+    def meta(key: str, default: Any = None) -> Any:
+        return field_value(reader, f"{arch}.{key}", default)
+
+    hidden = int(meta("embedding_length"))
+    heads = int(meta("attention.head_count"))
+    head_dim = int(meta("attention.key_length", hidden // heads))
+    rope_dim = int(meta("rope.dimension_count", head_dim))
+    if rope_dim != head_dim:
+        raise UnsupportedModelError(
+            f"GGUF partial rotary embedding (rope.dimension_count={rope_dim}, "
+            f"head_dim={head_dim}) is not supported."
+        )
+    kwargs: dict[str, Any] = {
+        "vocab_size": _vocab_size(reader, meta("vocab_size")),
+        "hidden_size": hidden,
+        "intermediate_size": int(meta("feed_forward_length")),
+        "num_hidden_layers": int(meta("block_count")),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(meta("attention.head_count_kv", heads)),
+        "max_position_embeddings": int(meta("context_length", 2048)),
+        "rms_norm_eps": float(meta("attention.layer_norm_rms_epsilon", 1e-6)),
+        "rope_theta": float(meta("rope.freq_base", 10000.0)),
+        "rope_scaling": _rope_scaling(meta),
+        "tie_word_embeddings": "output.weight" not in names,
+        "bos_token_id": field_value(reader, "tokenizer.ggml.bos_token_id"),
+        "eos_token_id": field_value(reader, "tokenizer.ggml.eos_token_id"),
+        "pad_token_id": field_value(reader, "tokenizer.ggml.padding_token_id"),
+    }
+    if arch == "qwen2":
+        return transformers.Qwen2Config(**kwargs)
+    return transformers.LlamaConfig(head_dim=head_dim, **kwargs)
+
+
+def config_from_dict(raw: dict[str, Any]) -> transformers.PretrainedConfig:
+    """The config `gguf_config` built, from its `to_dict()` (as the startup cache keeps it).
+    The concrete classes: transformers' AutoConfig machinery costs seconds to import."""
+    classes = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config}
+    return classes[raw["model_type"]].from_dict(raw)
+
+
+def gguf_extra_eos_ids(reader: GGUFReader) -> list[int]:
+    """End-of-turn tokens llama.cpp also stops on (EOT, EOM), when the file declares them."""
+    keys = ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
+    return [int(v) for v in (field_value(reader, k) for k in keys) if v is not None]
+
+
+def _vocab_size(reader: GGUFReader, declared: Any) -> int:
+    if declared is not None:
+        return int(declared)
+    tokens = reader.get_field("tokenizer.ggml.tokens")
+    if tokens is not None:
+        return len(tokens.data)
+    embd = next(t for t in reader.tensors if t.name == "token_embd.weight")
+    return int(embd.shape[-1])
+
+
+def _rope_scaling(meta: Any) -> dict[str, Any] | None:
+    kind = meta("rope.scaling.type", "none")
+    factor = meta("rope.scaling.factor")
+    if kind == "none" or factor is None or float(factor) == 1.0:
+        return None
+    if kind == "linear":
+        return {"rope_type": "linear", "factor": float(factor)}
+    if kind == "yarn":
+        scaling: dict[str, Any] = {"rope_type": "yarn", "factor": float(factor)}
+        original = meta("rope.scaling.original_context_length")
+        if original is not None:
+            scaling["original_max_position_embeddings"] = int(original)
+        return scaling
+    raise UnsupportedModelError(f"GGUF rope.scaling.type {kind!r} is not supported.")
+
+
+def hf_name(arch: str, gguf_name: str) -> str | None:
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    match = _BLOCK_RE.match(gguf_name)
+    if match is None:
+        return None
+    layer, rest = match.groups()
+    names = {**_BLOCK_NAMES, **_BIAS_NAMES} if arch == "qwen2" else _BLOCK_NAMES
+    suffix = names.get(rest)
+    return None if suffix is None else f"model.layers.{layer}.{suffix}"
+
+
+def _refuse_unknown_tensors(arch: str, names: set[str]) -> None:
+    unknown = sorted(n for n in names if hf_name(arch, n) is None)
+    if unknown:
+        shown = ", ".join(unknown[:5]) + (" ..." if len(unknown) > 5 else "")
+        raise UnsupportedModelError(
+            f"GGUF file has tensors the native engine does not know how to use: {shown}"
+        )
+
+
+def check_tensor_types(reader: GGUFReader) -> None:
+    """Refuse, at load, any tensor whose quantization type gguf cannot dequantize."""
+    checked: set[GGMLQuantizationType] = set()
+    for tensor in reader.tensors:
+        if tensor.tensor_type in checked:
+            continue
+        try:
+            dequantize(tensor.data[:1], tensor.tensor_type)
+        except NotImplementedError as exc:
+            kind = getattr(tensor.tensor_type, "name", tensor.tensor_type)
+            raise UnsupportedModelError(
+                f"GGUF tensor {tensor.name} has quantization type {kind}, "
+                "which cannot be dequantized."
+            ) from exc
+        checked.add(tensor.tensor_type)
+
+
+def dequantize_tensor(tensor: ReaderTensor) -> torch.Tensor:
+    """The tensor as float32 in torch's dimension order ([out_features, in_features])."""
+    shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
+    try:
+        values = dequantize(tensor.data, tensor.tensor_type)
+    except NotImplementedError as exc:
+        raise UnsupportedModelError(
+            f"GGUF tensor {tensor.name}: cannot dequantize type {tensor.tensor_type!r}"
+        ) from exc
+    array = np.array(values, dtype=np.float32, copy=True).reshape(shape)
+    return torch.from_numpy(array)
+
+
+def reverse_permute(weight: torch.Tensor, n_head: int) -> torch.Tensor:
+    """Undo llama.cpp's `reshape(n_head, 2, d, ...).swapaxes(1, 2)` on q/k rows."""
+    dim = weight.shape[0] // n_head // 2
+    w = weight.reshape(n_head, dim, 2, *weight.shape[1:])
+    return w.transpose(1, 2).reshape(weight.shape).contiguous()
+
+
+def raw_tensor(tensor: ReaderTensor) -> GGUFRaw:
+    """A tensor's blocks as stored, one row per output feature (no dequantization)."""
+    rows = int(tensor.shape[-1]) if len(tensor.shape) > 1 else 1
+    data = torch.from_numpy(np.array(tensor.data, dtype=np.uint8, copy=True)).view(rows, -1)
+    return GGUFRaw(tensor.name, tensor.tensor_type, data, int(tensor.shape[0]))
+
+
+def lm_head_kept(reader: GGUFReader) -> bool:
+    """Is the lm_head's tensor (output.weight, else the tied token_embd) of a kept type?"""
+    by_name = {t.name: t for t in reader.tensors}
+    head = by_name.get("output.weight") or by_name.get("token_embd.weight")
+    return head is not None and head.tensor_type in KEPT_TYPES
+
+
+def _is_linear(name: str) -> bool:
+    return name == "lm_head.weight" or name.endswith("_proj.weight")
+
+
+def iter_gguf_tensors(
+    reader: GGUFReader, config: transformers.PretrainedConfig, keep_quantized: bool = False,
+) -> Iterator[tuple[str, torch.Tensor | GGUFRaw]]:
+    """(HF name, float32 tensor), or with `keep_quantized` Linear weights of a kept type as
+    `GGUFRaw`; a tied lm_head then also comes as "lm_head.weight" from token_embd's blocks."""
+    arch = gguf_architecture(reader)
+    tie_raw = keep_quantized and config.tie_word_embeddings and lm_head_kept(reader)
+    for tensor in reader.tensors:
+        name = hf_name(arch, tensor.name)
+        if name is None:
+            raise UnsupportedModelError(f"Unknown GGUF tensor {tensor.name}")
+        if tie_raw and tensor.name == "token_embd.weight":
+            yield "lm_head.weight", raw_tensor(tensor)
+        weight: torch.Tensor | GGUFRaw
+        if keep_quantized and _is_linear(name) and tensor.tensor_type in KEPT_TYPES:
+            weight = raw_tensor(tensor)
+        else:
+            weight = dequantize_tensor(tensor)
+        if arch == "llama" and name.endswith("q_proj.weight"):
+            weight = _permute_rows(weight, config.num_attention_heads)
+        elif arch == "llama" and name.endswith("k_proj.weight"):
+            weight = _permute_rows(weight, config.num_key_value_heads)
+        yield name, weight
+
+
+def _permute_rows(weight: torch.Tensor | GGUFRaw, n_head: int) -> torch.Tensor | GGUFRaw:
+    """reverse_permute on whole rows: GGUF blocks never cross rows, so raw rows move alike."""
+    if isinstance(weight, torch.Tensor):
+        return reverse_permute(weight, n_head)
+    rows = reverse_permute(torch.arange(weight.data.shape[0]), n_head)
+    return weight.rows(rows)
