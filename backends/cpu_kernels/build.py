@@ -24,8 +24,8 @@ size and dtype), a cached load milliseconds.
 
 Which code: AVX-512 (with VNNI) where the CPU has it and torch dispatches to AVX-512, AVX2 (+
 FMA, F16C) where torch dispatches to AVX2 or better, else none (the engine keeps torch's
-kernels). `SWITCHYARD_CPU_KERNELS` = `auto` (default) / `avx512-vnni` / `avx2` / `off`
-overrides the choice (tests and A/B benchmarks).
+kernels). `SWITCHYARD_CPU_KERNELS` = `auto` (default) / `required` / `avx512-vnni` / `avx2` /
+`off` overrides the choice; `kernel_status()` says which code runs, or why none (status.py).
 """
 
 from __future__ import annotations
@@ -43,6 +43,15 @@ from pathlib import Path
 import torch
 import torch.utils.cpp_extension as cpp_extension
 
+from backends.cpu_kernels.status import (
+    SETTING,
+    KernelStatus,
+    compiler_message,
+    loaded,
+    normalize,
+    read_setting,
+    unavailable,
+)
 from backends.machine.cache_dir import DEFAULT_CACHE_DIR, cache_root
 from backends.machine.cpu_dtype import read_cpuinfo
 
@@ -71,7 +80,6 @@ OPTIONAL_ISA = {Path(__file__).with_name(name): ("avx512-vnni", "avx512_bf16", "
 HEADERS = (Path(__file__).with_name("simd.h"),
            Path(__file__).with_name("kernel_entry_points.h"),
            Path(__file__).with_name("work_shares.h"))
-SETTING = "SWITCHYARD_CPU_KERNELS"
 VARIANTS = {
     "avx512-vnni": ("-DSWITCHYARD_VNNI", "-mavx512f", "-mavx512bw", "-mavx512vl",
                     "-mavx512vnni", "-mfma", "-mf16c"),
@@ -83,43 +91,85 @@ _NEEDS_TORCH_ISA = {"avx512-vnni": ("AVX512",), "avx2": ("AVX2", "AVX512")}
 BUILD_TIMEOUT_S = 600
 
 
+@dataclass(frozen=True)
+class Choice:
+    """The build variant to load, or why none (for `none (<why>)`)."""
+
+    variant: str | None
+    reason: str = ""
+
+
+def choose_variant(flags: frozenset[str] | None, capability: str, setting: str) -> Choice:
+    """The code this CPU (flags), torch's dispatch (capability) and the setting allow."""
+    setting = normalize(setting)
+    if setting == "off":
+        return Choice(None, f"off by {SETTING}=off")
+    if flags is None:
+        return Choice(None, "this CPU's instruction sets could not be read (/proc/cpuinfo)")
+    reason = ""
+    for name in (setting,) if setting in VARIANTS else tuple(VARIANTS):
+        missing = _NEEDS_FLAGS[name] - flags
+        if missing:
+            reason = f"this CPU lacks {name} (no {', '.join(sorted(missing))})"
+        elif capability not in _NEEDS_TORCH_ISA[name]:
+            reason = (f"torch dispatches to {capability} code (ATEN_CPU_CAPABILITY), "
+                      f"below {name}")
+        else:
+            return Choice(name)
+    return Choice(None, reason)  # the last candidate's: the least any variant needs
+
+
 def suitable_variant(flags: frozenset[str] | None, capability: str, setting: str) -> str | None:
     """The code this CPU (flags) and torch's dispatch (capability) should run, or None."""
-    setting = setting.strip().lower() or "auto"
-    if setting == "off":
-        return None
-    candidates = tuple(VARIANTS) if setting == "auto" else (setting,)
-    if setting not in ("auto", *VARIANTS):
-        raise ValueError(f"{SETTING}={setting!r}: choose auto, off or one of {sorted(VARIANTS)}")
-    for name in candidates:
-        fits_cpu = flags is not None and _NEEDS_FLAGS[name] <= flags
-        if fits_cpu and capability in _NEEDS_TORCH_ISA[name]:
-            return name
-    return None
+    return choose_variant(flags, capability, setting).variant
 
 
 @functools.cache
-def active_variant() -> str | None:
-    """Builds (or finds) and loads the kernels for this process; their variant, or None where
-    this CPU, the setting or the build rules them out (a failed build is logged, not raised)."""
+def kernel_status() -> KernelStatus:
+    """Builds (or finds) and loads the kernels for this process, once, under the setting of
+    that first call (a model's load); which run, or why none. A failed build is logged as an
+    error with the compiler's message and torch's kernels run (`required` makes the load fail:
+    status.require)."""
     _, flags = read_cpuinfo()
-    name = suitable_variant(flags, torch.backends.cpu.get_cpu_capability(),
-                            os.environ.get(SETTING, "auto"))
-    if name is None:
-        return None
+    setting = read_setting()
+    choice = choose_variant(flags, torch.backends.cpu.get_cpu_capability(), setting)
+    if choice.variant is None:
+        log.info("cpu_kernels: none (%s)", choice.reason)
+        return unavailable(choice.reason)
+    status = _load(choice.variant)
+    if status.active:
+        log.info("cpu_kernels: %s", status.describe())
+    else:
+        log.error("cpu_kernels: %s%s", status.describe(),
+                  "" if setting == "required" else "; torch's kernels run instead")
+    return status
+
+
+def _load(variant: str) -> KernelStatus:
     try:
-        torch.ops.load_library(str(built_library(KernelBuild(name))))
-    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
-        log.warning("our CPU kernels are unavailable (%s); torch's kernels run instead", exc)
-        return None
+        library = built_library(KernelBuild(variant))
+    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+        return unavailable(f"the CPU kernels could not be built: {exc}")
+    try:
+        torch.ops.load_library(str(library))
+    except (OSError, RuntimeError) as exc:
+        return unavailable(f"the CPU kernels could not be loaded: {exc}")
     _register_fake()
-    return name
+    return loaded(variant, bool(torch.ops.switchyard_cpu.bf16_linear_built()))
 
 
-@functools.cache
+def active_variant() -> str | None:
+    """The build variant loaded (`avx512-vnni` / `avx2`), or None: see kernel_status."""
+    return kernel_status().build
+
+
 def bf16_linear_built() -> bool:
     """Whether our kernels are loaded with the AVX-512-BF16 linear (bf16_linear.cpp)."""
-    return active_variant() is not None and bool(torch.ops.switchyard_cpu.bf16_linear_built())
+    return kernel_status().variant == "avx512-bf16"
+
+
+class BuildFailed(RuntimeError):
+    """The compiler or linker failed; the message is the last meaningful lines it printed."""
 
 
 @dataclass(frozen=True)
@@ -150,20 +200,34 @@ def built_library(spec: KernelBuild) -> Path:
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(dir=folder) as tmp:
         built = Path(tmp) / target.name
-        compiles = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True) for command in _compile_commands(spec, Path(tmp))]
-        for process in compiles:
-            _, errors = process.communicate(timeout=BUILD_TIMEOUT_S)
-            if process.returncode != 0:
-                raise RuntimeError(f"building our CPU kernels failed: {errors.strip()[-2000:]}")
+        _compile(_compile_commands(spec, Path(tmp)))
         linked = subprocess.run(_link_command(spec, Path(tmp), built), capture_output=True,
                                 text=True, timeout=BUILD_TIMEOUT_S, check=False)
         if linked.returncode != 0:
-            raise RuntimeError(f"linking our CPU kernels failed: {linked.stderr.strip()[-2000:]}")
+            log.debug("linker stderr:\n%s", linked.stderr)
+            raise BuildFailed(f"linking failed: {compiler_message(linked.stderr)}")
         os.replace(built, target)
     log.info("CPU kernels (%s) built in %.1fs: %s", spec.variant, time.perf_counter() - start,
              target)
     return target
+
+
+def _compile(commands: list[list[str]]) -> None:
+    """Runs the compiles in parallel; BuildFailed with the first failure's message (the
+    others are stopped)."""
+    processes = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True) for command in commands]
+    try:
+        for process in processes:
+            _, errors = process.communicate(timeout=BUILD_TIMEOUT_S)
+            if process.returncode != 0:
+                log.debug("compiler stderr:\n%s", errors)
+                raise BuildFailed(compiler_message(errors))
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
 
 
 def _compile_commands(spec: KernelBuild, folder: Path) -> list[list[str]]:

@@ -40,6 +40,7 @@ def info_body(info: ModelInfo, *, version: str,
         "model_sha": None,
         "model_dtype": _torch_dtype(info.dtype),
         "dtype_reason": extra.pop("dtype_reason", None),  # ours: why this dtype on this machine
+        "cpu_kernels": extra.pop("cpu_kernels", None),  # ours: which CPU kernels, or why none
         "model_device_type": extra.pop("device", None),
         "model_pipeline_tag": "text-generation",
         "max_best_of": MAX_BEST_OF,

@@ -11,6 +11,8 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
+from backends.cpu_kernels.build import kernel_status
+from backends.cpu_kernels.status import require
 from backends.default_model import resolve_model_path
 from backends.machine.cache_dir import cache_root, point_inductor_cache
 from backends.machine.cpu_dtype import DtypeChoice, choose_dtype, machine_key
@@ -59,6 +61,7 @@ class LoadedModel:
     weight_bytes: int  # resident bytes of the weights (quantized ones as packed)
     quantization: str | None = None  # e.g. "gptq 4-bit group 128 sym"; None: dense
     dtype_reason: str = ""  # why this dtype (auto's decision, or a slow explicit one)
+    cpu_kernels: str | None = None  # our CPU kernels' variant, or `none (<why>)`; None: GPU
 
 
 def load_model(config: EngineConfig) -> LoadedModel:
@@ -80,6 +83,9 @@ def load_model(config: EngineConfig) -> LoadedModel:
     dtype = dtype_choice.dtype
     max_input, max_total = resolve_limits(config, hf_config)
     quant = resolve_quantization(hf_config, checkpoint.format, config.quantize)
+    # Built (or found) before the weights: `required` fails here, and the weights' cache
+    # entry and packing depend on which kernels run.
+    cpu_kernels = require(kernel_status()).describe() if device.type == "cpu" else None
     with stages.stage("weights") as stage:
         model, linears, stage["cached"] = _build_and_load(
             config, checkpoint, cache, quant, max_total, device, dtype)
@@ -97,13 +103,14 @@ def load_model(config: EngineConfig) -> LoadedModel:
     weight_bytes = resident_bytes(model)
     quantization = linears.description if linears else None
     log.info(
-        "ready: %.1f MB of weights (%s), %d KV blocks of %d tokens",
+        "ready: %.1f MB of weights (%s), %d KV blocks of %d tokens%s",
         weight_bytes / 1e6, quantization or f"dense {dtype}", num_blocks, config.block_size,
+        f", cpu_kernels: {cpu_kernels}" if cpu_kernels else "",
     )
     return LoadedModel(
         path, hf_config, model, tokenizer, kv_cache, num_blocks, device, dtype,
         sliding_window(hf_config), max_input, max_total, weight_bytes, quantization,
-        dtype_choice.reason,
+        dtype_choice.reason, cpu_kernels,
     )
 
 
