@@ -1,5 +1,6 @@
-"""`switchyard serve`: TGI's launcher flags, also as SWITCHYARD_* env vars (flags win).
-`switchyard keys`: API key administration (gateway/cli_keys.py)."""
+"""`switchyard serve`: TGI's launcher flags, also as SWITCHYARD_* env vars (flags win;
+gateway/flag_table.py lists them). `switchyard keys`: API key administration
+(gateway/admin/cli_keys.py)."""
 
 from __future__ import annotations
 
@@ -13,115 +14,25 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from backends.quantized.config import KERNEL_CHOICES
-from gateway.admin.cli_keys import add_auth_flags, add_keys_command, run_keys
+from gateway.admin.cli_keys import add_keys_command, run_keys
+from gateway.flag_parser import (
+    DESCRIPTION,
+    HelpFormatter,
+    add_serve_flags,
+    describe_errors,
+    env_var,
+)
 from gateway.log_format import configure_logging
 from gateway.settings import Settings
-
-# (flags, settings field, type, help)
-_FLAGS: tuple[tuple[tuple[str, ...], str, type, str], ...] = (
-    (("--model-id",), "model_id", str, "Hugging Face folder, .gguf file, or 'default'"),
-    (("--served-model-name",), "served_model_name", str, "name clients use (default: model id)"),
-    (("--backend",), "backend", str, "native (default)"),
-    (("--config-file",), "config_file", str, "YAML file declaring several models"),
-    (("--hostname",), "hostname", str, "address to listen on (default 127.0.0.1)"),
-    (("--port",), "port", int, "port to listen on (default 8080)"),
-    (("--dtype",), "dtype", str, "auto | bfloat16 | float16 | float32"),
-    (("--quantize",), "quantize", str,
-     "gptq | awq | gguf (as the checkpoint is), eetq | bitsandbytes | bitsandbytes-nf4 | "
-     "bitsandbytes-fp4 (at load), none (dense; dequantizes a .gguf)"),
-    (("--device",), "device", str, "cpu | cuda | cuda:N"),
-    (("--max-input-tokens", "--max-input-length"), "max_input_tokens", int,
-     "longest prompt in tokens"),
-    (("--max-total-tokens",), "max_total_tokens", int, "prompt + generated tokens per request"),
-    (("--max-batch-size",), "max_batch_size", int, "most sequences in one step"),
-    (("--max-batch-prefill-tokens",), "max_batch_prefill_tokens", int,
-     "most tokens in one step, decode rows included when chunked (default 512 on CPU, "
-     "4096 on GPU or unchunked)"),
-    (("--max-batch-total-tokens",), "max_batch_total_tokens", int, "KV cache capacity in tokens"),
-    (("--block-size",), "block_size", int, "tokens per KV cache block"),
-    (("--num-threads",), "num_threads", int, "CPU threads for the model"),
-    (("--kv-cache-memory",), "kv_cache_memory", str,
-     "KV cache budget: bytes (8GiB, 512M) or a fraction of free memory (0.9)"),
-    (("--max-concurrent-requests",), "max_concurrent_requests", int,
-     "requests in flight before new ones get 429"),
-    (("--max-queued-requests",), "max_queued_requests", int,
-     "requests waiting beyond the running batch before new ones get 429 (default: unbounded)"),
-    (("--max-queued-tokens",), "max_queued_tokens", int,
-     "prompt tokens waiting to be scheduled before new requests get 429 (default: unbounded)"),
-    (("--queue-timeout",), "queue_timeout", float,
-     "seconds a request may wait to be scheduled, then 503 (default: none)"),
-    (("--request-timeout",), "request_timeout", float,
-     "seconds a request may take in all, then it is stopped (default: none)"),
-    (("--waiting-served-ratio",), "waiting_served_ratio", float,
-     "without chunked prefill: waiting/running ratio that lets new requests join"),
-    (("--max-waiting-tokens",), "max_waiting_tokens", int,
-     "without chunked prefill: decode steps after which waiting requests join anyway"),
-    (("--prefix-caching",), "prefix_caching", str, "true (default) | false"),
-    (("--compile",), "compile", str, "torch.compile the decode attention: true (default) | false"),
-    (("--compile-decode-step",), "compile_decode_step", str,
-     "decode-only steps through compiled regions (faster decode, a few seconds more "
-     "at start): true (default) | false"),
-    (("--compile-prefill-step",), "compile_prefill_step", str,
-     "prefill and mixed steps: each layer's norms, projections, rotary and MLP compiled "
-     "around its attention: true | false (default: true for dense weights, false for "
-     "quantized ones, where it gains least for the most start-up time)"),
-    (("--prepack-weights",), "prepack_weights", str,
-     "CPU: dense weights prepacked for oneDNN at load: true (default) | false"),
-    (("--bf16-linear-kernel",), "bf16_linear_kernel", str,
-     "CPU, bf16: prepacked linears through our kernel where the CPU has AVX-512-BF16: "
-     "true (default) | false (oneDNN)"),
-    (("--f32-linear-kernel",), "f32_linear_kernel", str,
-     "CPU, float32: prepacked linears through our AVX2 FMA kernel where our kernels run AVX2 "
-     "code (AVX2-only CPUs): true (default) | false (oneDNN)"),
-    (("--greedy-head",), "greedy_head", str,
-     "CPU, bf16 lm_head on our kernel: greedy steps pick each token from an int8 bound and a "
-     "few exact logits, the same token as the full logits: true (default) | false"),
-    (("--attention-kernels",), "attention_kernels", str,
-     "CPU, with --compile: decode and prompt attention through our C++ kernels where they "
-     "are built: true (default) | false (inductor's code and torch's SDPA)"),
-    (("--cache-dir",), "cache_dir", str,
-     "startup cache (GGUF metadata, tokenizer, packed weights, compiled kernels); "
-     "default ~/.cache/switchyard, 'none' turns it off"),
-    (("--max-request-body-bytes", "--payload-limit"), "max_request_body_bytes", str,
-     "largest request body (bytes, or 8MiB, 512K); larger ones get 413 (default 8MiB)"),
-    (("--max-messages",), "max_messages", int, "most chat messages in one request (default 2048)"),
-    (("--max-stop-sequences",), "max_stop_sequences", int,
-     "most stop strings in one request (default 4, as OpenAI and TGI)"),
-    (("--max-stop-length",), "max_stop_length", int,
-     "longest stop string in characters (default 512)"),
-    (("--max-output-tokens",), "max_output_tokens", int,
-     "most tokens a request may generate: a larger max_tokens / max_new_tokens is refused, "
-     "an omitted one is capped; default: only the model's --max-total-tokens bounds it"),
-    (("--shutdown-timeout",), "shutdown_timeout", float,
-     "seconds in-flight requests may finish after SIGTERM (default 30)"),
-    (("--log-level",), "log_level", str, "critical | error | warning | info | debug"),
-    (("--log-format",), "log_format", str,
-     "text (default) | json: one JSON object per line, with an access line per request"),
-)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="switchyard", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    serve = commands.add_parser("serve", help="serve models over an OpenAI-compatible API")
-    for flags, dest, kind, help_text in _FLAGS:
-        serve.add_argument(*flags, dest=dest, type=kind, help=help_text, default=argparse.SUPPRESS)
-    serve.add_argument(
-        "--quantized-kernels", dest="quantized_kernels", choices=KERNEL_CHOICES,
-        default=argparse.SUPPRESS,
-        help="GPTQ / AWQ kernels: auto (gptqmodel's CUDA kernels when installed, else native), "
-             "native, gptqmodel (forced)",
-    )
-    serve.add_argument(
-        "--no-chunked-prefill", dest="chunked_prefill", action="store_false",
-        default=argparse.SUPPRESS, help="prefill each prompt whole, in one step",
-    )
-    serve.add_argument(
-        "--no-playground", dest="playground", action="store_false",
-        default=argparse.SUPPRESS, help="do not serve the chat page at /playground",
-    )
-    add_auth_flags(serve)
+    serve = commands.add_parser(
+        "serve", help="serve models over an OpenAI-compatible API", description=DESCRIPTION,
+        usage="%(prog)s [flags]", formatter_class=HelpFormatter)
+    add_serve_flags(serve)
     add_keys_command(commands)
     return parser
 
@@ -134,6 +45,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 
 def serve(settings: Settings) -> None:
     prefer_huge_pages()
+    export_cpu_kernels(settings)
     from gateway.app import create_app
     from gateway.drain import build_server
 
@@ -167,6 +79,13 @@ def prefer_huge_pages() -> None:
     os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 
+def export_cpu_kernels(settings: Settings) -> None:
+    """The kernel builder (backends/cpu_kernels/build.py) reads SWITCHYARD_CPU_KERNELS from the
+    process environment when a model loads: a --cpu-kernels flag reaches it there."""
+    if settings.cpu_kernels is not None:
+        os.environ[env_var("cpu_kernels")] = settings.cpu_kernels
+
+
 def freeze_startup_heap() -> None:
     """Once every model is loaded: what start-up left (torch, transformers, compiled graphs:
     ~545k objects for W1) leaves the cyclic collector's reach. Its full collections walked it
@@ -195,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         settings = settings_from_args(args)
     except ValidationError as exc:
-        print(f"switchyard: invalid settings:\n{exc}", file=sys.stderr)
+        print(f"switchyard: invalid settings:\n{describe_errors(exc)}", file=sys.stderr)
         raise SystemExit(2) from None
     if args.command == "serve":
         serve(settings)

@@ -115,6 +115,8 @@ class Settings(BaseSettings):
     attention_kernels: bool | None = None
     # the native engine's startup cache; unset: ~/.cache/switchyard (backends/registry.py)
     cache_dir: str | None = None
+    # read by the kernel builder from the process environment (cli.py exports it); unset: auto
+    cpu_kernels: Literal["auto", "required", "avx512-vnni", "avx2", "off"] | None = None
 
     # Auth: an admin key, a Redis URL or keys in the config file turn API keys on.
     admin_key: SecretStr | None = None
@@ -155,7 +157,7 @@ class Settings(BaseSettings):
             max_output_tokens=self.max_output_tokens,
         )
 
-    @field_validator("log_level", "log_format", mode="before")
+    @field_validator("log_level", "log_format", "cpu_kernels", mode="before")
     @classmethod
     def _lower(cls, value: Any) -> Any:
         return value.lower() if isinstance(value, str) else value

@@ -1,4 +1,5 @@
-"""`switchyard keys create | list | revoke | usage`, and the auth flags of `switchyard serve`.
+"""`switchyard keys create | list | revoke | usage` (`switchyard serve`'s auth flags are in
+gateway/flag_table.py).
 
 A command talks to a running gateway's /admin/keys with the admin key (`--url`,
 default http://127.0.0.1:8080), or straight to Redis with `--redis-url`.
@@ -26,22 +27,6 @@ from gateway.settings import Settings
 
 _LIMITS = (("--rpm", "requests per minute"), ("--tpm", "tokens per minute (prompt + completion)"),
            ("--parallel", "requests at a time"), ("--budget", "tokens in all, or per period"))
-
-
-def add_auth_flags(serve: argparse.ArgumentParser) -> None:
-    flag = serve.add_argument
-    flag("--admin-key", dest="admin_key", default=argparse.SUPPRESS,
-         help="admin key for /admin/keys; turns API keys on (prefer SWITCHYARD_ADMIN_KEY: "
-              "flags show in ps)")
-    flag("--redis-url", dest="redis_url", default=argparse.SUPPRESS,
-         help="Redis for keys, limits and usage shared by replicas (redis://host:6379/0)")
-    flag("--auth-fail-open", dest="auth_fail_open", action="store_true",
-         default=argparse.SUPPRESS,
-         help="serve without key checks while Redis is unreachable (default: answer 503)")
-    flag("--auth-lease-ttl", dest="auth_lease_ttl", type=float, default=argparse.SUPPRESS,
-         help="seconds a parallel-request slot outlives a crashed replica (default 600)")
-    flag("--metrics-auth", dest="metrics_auth", choices=("open", "key", "admin"),
-         default=argparse.SUPPRESS, help="who may read /metrics (default: open)")
 
 
 def add_keys_command(commands: Any) -> None:

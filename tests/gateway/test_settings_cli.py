@@ -117,6 +117,59 @@ def test_console_script_help() -> None:
         assert flag in out
 
 
+class _AppCreated(Exception):
+    pass
+
+
+@pytest.fixture
+def kernels_at_app_creation(monkeypatch: pytest.MonkeyPatch) -> list[str | None]:
+    """`switchyard serve` up to the app's creation (no model loads): what
+    SWITCHYARD_CPU_KERNELS holds in the process environment by then."""
+    seen: list[str | None] = []
+
+    def create_app(*args: object, **kwargs: object) -> None:
+        seen.append(os.environ.get("SWITCHYARD_CPU_KERNELS"))
+        raise _AppCreated
+
+    monkeypatch.setattr("gateway.app.create_app", create_app)
+    monkeypatch.setattr("gateway.cli.configure_logging", lambda *args: None)
+    monkeypatch.setenv("THP_MEM_ALLOC_ENABLE", "1")
+    monkeypatch.setenv("SWITCHYARD_CPU_KERNELS", "")
+    monkeypatch.delenv("SWITCHYARD_CPU_KERNELS")  # restored as it was after the test
+    return seen
+
+
+@pytest.mark.parametrize(("argv", "env", "exported"), [
+    (["--cpu-kernels", "required"], None, "required"),
+    (["--cpu-kernels", "off"], "avx2", "off"),  # the flag wins
+    ([], "AVX2", "avx2"),
+    ([], None, None),  # nothing given: the builder's own default
+])
+def test_cpu_kernels_reach_the_environment_before_the_app_exists(
+        kernels_at_app_creation: list[str | None], monkeypatch: pytest.MonkeyPatch,
+        argv: list[str], env: str | None, exported: str | None) -> None:
+    if env is not None:
+        monkeypatch.setenv("SWITCHYARD_CPU_KERNELS", env)
+    with pytest.raises(_AppCreated):
+        main(["serve", *argv])
+    assert kernels_at_app_creation == [exported]
+
+
+@pytest.mark.parametrize(("argv", "env"), [(["--cpu-kernels", "fast"], None), ([], "fast")])
+def test_a_bad_cpu_kernels_value_exits_2_naming_it(
+        kernels_at_app_creation: list[str | None], monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str], argv: list[str], env: str | None) -> None:
+    if env is not None:
+        monkeypatch.setenv("SWITCHYARD_CPU_KERNELS", env)
+    with pytest.raises(SystemExit) as info:
+        main(["serve", *argv])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--cpu-kernels / SWITCHYARD_CPU_KERNELS" in err and "'fast'" in err
+    assert "'required'" in err
+    assert kernels_at_app_creation == []
+
+
 THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 
