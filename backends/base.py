@@ -30,9 +30,15 @@ class StructuredOutput:
     strict: bool | None = None
 
 
+# Below this temperature sampling is greedy: logits / temperature would overflow to inf and
+# the probabilities to NaN (vLLM draws the line at 1e-5 too).
+GREEDY_TEMPERATURE = 1e-5
+
+
 @dataclass(frozen=True)
 class SamplingParams:
-    """Per-request sampling. `temperature == 0` means greedy; `top_k == 0` means off.
+    """Per-request sampling. A temperature below GREEDY_TEMPERATURE (0 included) means greedy;
+    `top_k == 0` means off.
 
     `n` choices share the prompt; each choice samples with its own generator (seeded from
     `seed + index` when `seed` is set). Logprobs are always of the model's raw distribution
@@ -60,6 +66,11 @@ class SamplingParams:
     # Logprobs of the prompt's tokens (TGI's decoder_input_details), with this many
     # alternatives each; None: not computed.
     prompt_logprobs: int | None = None
+
+    @property
+    def is_greedy(self) -> bool:
+        """Whether each token is the argmax of the (processed) logits, drawn from no generator."""
+        return self.temperature < GREEDY_TEMPERATURE
 
 
 @dataclass(frozen=True)

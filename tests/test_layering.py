@@ -51,7 +51,7 @@ BACKEND_LAYERS: dict[str, frozenset[str]] = {
     "native.loading": frozenset({
         "native.config", "native.models", "native.layers", "text", "machine", "quantized",
         "cpu_kernels", "default_model", "base"}),
-    "native.scheduling": frozenset({"base", "native.config"}),
+    "native.scheduling": frozenset({"base", "native.config", "native.structured", "text"}),
     "native.sampling": frozenset({
         "native.scheduling", "native.structured", "text", "cpu_kernels", "base"}),
     "native.runner": frozenset({

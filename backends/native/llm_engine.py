@@ -11,27 +11,24 @@ import logging
 import random
 import time
 from collections import deque
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
-from backends.base import RequestTimings, SamplingParams, StepTiming, TokenInfo, TopLogprob
+from backends.base import SamplingParams, StepTiming
 from backends.native.config import EngineConfig
 from backends.native.loading.model_setup import LoadedModel, load_model
+from backends.native.outputs import ChoiceOutputs, RequestOutput, held_text, request_output
 from backends.native.runner.greedy_head import plain_greedy
 from backends.native.runner.model_runner import ModelRunner
+from backends.native.runner.step_result import GreedyTokens, StepLogits, StepResult
 from backends.native.sampling.grammar_support import GrammarSupport
-from backends.native.sampling.logprobs import prompt_token_infos
-from backends.native.sampling.sampler import sample
+from backends.native.sampling.sampler import SamplerOutput, sample
 from backends.native.scheduling.block_manager import BlockManager
 from backends.native.scheduling.deadlines import QUEUE_TIMEOUT, expired
 from backends.native.scheduling.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from backends.native.scheduling.sequence import Sequence, SequenceStatus
 from backends.native.scheduling.step_faults import raise_injected_fault, settle, suspects
-from backends.text.detokenizer import IncrementalDetokenizer
-from backends.text.stop_checker import StopChecker
-from backends.text.token_texts import TokenTexts
 
 if TYPE_CHECKING:
     from backends.native.structured import CompiledGrammar
@@ -39,25 +36,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 # The warm-up's last prefill: past Int4Linear's row threshold (128), under typical budgets.
 WARMUP_PREFILL_ROWS = 160
-
-
-@dataclass
-class RequestOutput:
-    """What one step produced for one choice (`index`) of a request."""
-
-    request_id: str
-    text: str
-    tokens: list[TokenInfo]
-    finished: bool
-    finish_reason: str | None = None
-    stop_reason: str | None = None
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    timings: RequestTimings | None = None
-    seed: int | None = None
-    index: int = 0
-    # The prompt's tokens with logprobs (prompt_logprobs asked): on choice 0's first output.
-    prompt_token_infos: list[TokenInfo] | None = None
 
 
 class LLMEngine:
@@ -84,7 +62,7 @@ class LLMEngine:
         )
         self.generator = torch.Generator().manual_seed(config.seed)
         self._groups: dict[str, list[Sequence]] = {}  # request id -> its unfinished choices
-        self.token_texts = TokenTexts(self.tokenizer)
+        self.choice_outputs = ChoiceOutputs(self.tokenizer)
         self.grammars = GrammarSupport(self.tokenizer, self.logits_width)
         self.step_timings: deque[StepTiming] = deque(maxlen=10_000)
         self.num_aborted = 0
@@ -126,7 +104,7 @@ class LLMEngine:
         ]
         first = choices[0]
         first.unforked = choices[1:]
-        first.extras["choices"] = list(choices)
+        first.choices = list(choices)
         self._groups[request_id] = choices
         self.scheduler.add(first)
         return first
@@ -140,14 +118,12 @@ class LLMEngine:
                        arrival_time=now, group_id=request_id, index=index)
         if index:
             seq.status = SequenceStatus.NEW
-        seq.extras["detokenizer"] = IncrementalDetokenizer(self.tokenizer, seq.prompt_token_ids)
-        seq.extras["stops"] = StopChecker(sampling.stop)
+        self.choice_outputs.start(seq)
         if grammar is not None:
-            seq.extras["grammar"] = grammar.matcher()
-        if sampling.temperature > 0:  # TGI reports the seed a sampled request used
+            seq.grammar = grammar.matcher()
+        if not sampling.is_greedy:  # TGI reports the seed a sampled request used
             seed = sampling.seed + index if sampling.seed is not None else random.getrandbits(63)
-            seq.extras["seed"] = seed
-            seq.extras["generator"] = torch.Generator().manual_seed(seed)
+            seq.seed, seq.generator = seed, torch.Generator().manual_seed(seed)
         return seq
 
     def abort(self, request_id: str) -> None:
@@ -177,28 +153,20 @@ class LLMEngine:
             masks = self.grammars.submit_masks(sampling_seqs)  # overlaps the forward pass
             self.runner.copy_blocks(copies)
             greedy = masks is None and not spans and plain_greedy(sampling_seqs)
-            logits, _ = self.runner.run(batch, greedy)
+            result = self.runner.run(batch, greedy)
             if self.faults:
                 raise_injected_fault(self.faults, batch)
             bitmask = masks.result() if masks is not None else None
             self.scheduler.postprocess(batch)
-            if logits.dim() == 2:  # else the greedy head's tokens (plain greedy rows only)
-                self._prompt_logprobs(logits[len(sampling_seqs):], spans)
+            if isinstance(result, StepLogits):
+                prompt_rows = result.logits[len(sampling_seqs):]
+                self.choice_outputs.record_prompt_logprobs(prompt_rows, spans)
             rows, seqs = self._fork(sampling_seqs)
-            if logits.dim() == 1:
-                tokens = logits.tolist()
-                outputs.extend(self._append(seq, tokens[row], None, [])
-                               for row, seq in zip(rows, seqs, strict=True))
-            elif seqs:
-                if len(rows) != len(sampling_seqs):
-                    index = torch.tensor(rows, device=logits.device)
-                    logits = logits.index_select(0, index)
-                    bitmask = None if bitmask is None else bitmask[rows]
-                sampled = sample(logits[: len(rows)], seqs, self.generator, bitmask)
-                for seq, token, logprob, top in zip(
-                    seqs, sampled.token_ids, sampled.logprobs, sampled.top_logprobs, strict=True
-                ):
-                    outputs.append(self._append(seq, token, logprob, top))
+            chosen = self._choose(result, rows, seqs, bitmask)
+            for seq, token, logprob, top in zip(
+                seqs, chosen.token_ids, chosen.logprobs, chosen.top_logprobs, strict=True
+            ):
+                outputs.append(self._append(seq, token, logprob, top))
         except Exception as exc:
             settle(masks)
             # Outputs already made stay: a choice that finished must still report it.
@@ -209,8 +177,8 @@ class LLMEngine:
     def _mark_started(self, seqs: list[Sequence]) -> None:
         now = time.monotonic()
         for seq in seqs:
-            if "first_scheduled" not in seq.extras:
-                seq.extras["first_scheduled"] = now
+            if seq.first_scheduled is None:
+                seq.first_scheduled = now
                 self.started.append(seq.group_id)
 
     def take_started(self) -> list[str]:
@@ -243,7 +211,7 @@ class LLMEngine:
                 self.num_request_timeouts += 1
             for choice in list(self._groups.get(request_id, [])):
                 self._finish(choice, "abort", reason)
-                outputs.append(self._output(choice, "", []))
+                outputs.append(request_output(choice, "", []))
         return outputs
 
     def _fork(self, seqs: list[Sequence]) -> tuple[list[int], list[Sequence]]:
@@ -256,33 +224,27 @@ class LLMEngine:
             out.append(seq)
             for child in seq.unforked:
                 self.scheduler.fork(seq, child)
-                child.extras["first_scheduled"] = seq.extras["first_scheduled"]
+                child.first_scheduled = seq.first_scheduled
                 rows.append(row)
                 out.append(child)
             seq.unforked = []
         return rows, out
 
-    def _prompt_logprobs(
-        self, logits: torch.Tensor, spans: list[tuple[Sequence, int, int]],
-    ) -> None:
-        """Record the logprobs of the prompt tokens this step's extra logits rows predict
-        (by position: a recompute after preemption overwrites them with the same values)."""
-        offset = 0
-        for seq, first, count in spans:
-            targets = seq.prompt_token_ids[first + 1 : first + 1 + count]
-            infos = prompt_token_infos(
-                logits[offset : offset + count], targets, seq.sampling.prompt_logprobs or 0,
-                self.token_texts, self.tokenizer.is_special,
-            )
-            offset += count
-            known = seq.extras.setdefault("prompt_logprobs", {})
-            known.update(zip(range(first + 1, first + 1 + count), infos, strict=True))
-
-    def _prompt_infos(self, seq: Sequence) -> list[TokenInfo]:
-        known = seq.extras.pop("prompt_logprobs", {})
-        first = seq.prompt_token_ids[0]
-        head = TokenInfo(first, self.token_texts(first), None, self.tokenizer.is_special(first))
-        return [head] + [known[p] for p in range(1, seq.num_prompt_tokens)]
+    def _choose(
+        self, result: StepResult, rows: list[int], seqs: list[Sequence],
+        bitmask: torch.Tensor | None,
+    ) -> SamplerOutput:
+        """The token of each of `seqs` from its row of the step (`rows`, from _fork)."""
+        if isinstance(result, GreedyTokens):
+            return SamplerOutput([result.token_ids[row] for row in rows], [None] * len(rows),
+                                 [[] for _ in rows])
+        if not seqs:
+            return SamplerOutput([], [], [])
+        logits = result.logits
+        if rows != list(range(len(rows))):  # forked choices repeat their parent's row
+            logits = logits.index_select(0, torch.tensor(rows, device=logits.device))
+            bitmask = None if bitmask is None else bitmask[rows]
+        return sample(logits[: len(rows)], seqs, self.generator, bitmask)
 
     def _record_step(self, batch: ScheduledBatch, seconds: float) -> None:
         prefill = False
@@ -304,20 +266,14 @@ class LLMEngine:
             for choice in list(self._groups.get(seq.group_id, [seq])):
                 if not choice.is_finished:  # half-written K/V: uncache the blocks
                     self._finish(choice, "error", forget_blocks=True)
-                    outputs.append(self._output(choice, "", []))
+                    outputs.append(request_output(choice, "", []))
         return outputs
 
     def _append(
-        self, seq: Sequence, token: int, logprob: float, top: list[tuple[int, float]],
+        self, seq: Sequence, token: int, logprob: float | None, top: list[tuple[int, float]],
     ) -> RequestOutput:
         seq.append_token(token, logprob)
-        piece = seq.extras["detokenizer"].add(token)
-        text, stopped = seq.extras["stops"].feed(piece)
-        logprobs = seq.sampling.logprobs
-        info = TokenInfo(
-            token, piece, logprob if logprobs else None, self.tokenizer.is_special(token),
-            self._alternatives(top, token, piece) if logprobs else (),
-        )
+        info, text, stopped = self.choice_outputs.token(seq, token, logprob, top)
         grammar_ok, grammar_done = self._advance_grammar(seq, token)
         if stopped:
             self._finish(seq, "stop", "stop_sequence")
@@ -331,30 +287,17 @@ class LLMEngine:
         elif seq.num_output_tokens >= seq.max_tokens:
             self._finish(seq, "length")
         if seq.is_finished and not stopped:
-            text += seq.extras["stops"].flush()
-        output = self._output(seq, text, [info])
+            text += held_text(seq)
+        output = request_output(seq, text, [info])
         wants_prompt = seq.sampling.prompt_logprobs is not None and seq.index == 0
         if wants_prompt and seq.num_output_tokens == 1:
-            output.prompt_token_infos = self._prompt_infos(seq)
+            output.prompt_token_infos = self.choice_outputs.take_prompt_infos(seq)
         return output
-
-    def _alternatives(
-        self, top: list[tuple[int, float]], token: int, piece: str,
-    ) -> tuple[TopLogprob, ...]:
-        """The alternatives' single-token texts, except that the chosen token's own entry
-        reads as the chosen token does. Its text stays the detokenizer's piece ("" for a
-        token ending mid-character, no special tokens when they are skipped): TGI streams and
-        joins token texts into the generated text, which single-token decodes would garble
-        (a SentencePiece word loses its leading space, a split character turns into U+FFFD)."""
-        return tuple(
-            TopLogprob(alt.id, piece if alt.id == token else alt.text, alt.logprob)
-            for alt in self.token_texts.top(top)
-        )
 
     @staticmethod
     def _advance_grammar(seq: Sequence, token: int) -> tuple[bool, bool]:
         """(token accepted, grammar complete); (True, False) without a grammar."""
-        matcher = seq.extras.get("grammar")
+        matcher = seq.grammar
         if matcher is None:
             return True, False
         return matcher.accept(token), matcher.is_terminated
@@ -364,23 +307,13 @@ class LLMEngine:
         forget_blocks: bool = False,
     ) -> None:
         self.scheduler.finish(seq, reason, forget_blocks=forget_blocks)
-        seq.extras["finished"] = time.monotonic()
+        seq.finished_at = time.monotonic()
         seq.stop_reason = stop_reason
         group = self._groups.get(seq.group_id)
         if group is not None and seq in group:
             group.remove(seq)
             if not group:
                 del self._groups[seq.group_id]
-
-    def _output(self, seq: Sequence, text: str, tokens: list[TokenInfo]) -> RequestOutput:
-        output = RequestOutput(
-            seq.group_id, text, tokens, seq.is_finished, seq.finish_reason, seq.stop_reason,
-            seq.num_prompt_tokens, seq.num_output_tokens, index=seq.index,
-        )
-        if seq.is_finished:
-            output.timings = _timings(seq)
-            output.seed = seq.extras.get("seed")
-        return output
 
     def warmup(self) -> None:
         """Compile at load what the first clients would otherwise pay for (TGI warms up at
@@ -425,10 +358,3 @@ def _compiles_prefill(config: EngineConfig, loaded: LoadedModel) -> bool:
         return config.compile_prefill_step
     return loaded.quantization is None
 
-
-def _timings(seq: Sequence) -> RequestTimings:
-    started = seq.extras.get("first_scheduled", seq.extras["finished"])
-    return RequestTimings(
-        queue_seconds=max(0.0, started - seq.arrival_time),
-        inference_seconds=max(0.0, seq.extras["finished"] - started),
-    )

@@ -56,7 +56,7 @@ def build_payload(inputs: str, s: SamplingParams) -> dict[str, Any]:
     params: dict[str, Any] = {
         "max_new_tokens": s.max_tokens, "details": True,
         "decoder_input_details": s.prompt_logprobs is not None,
-        "stop": list(s.stop), "do_sample": s.temperature > 0,
+        "stop": list(s.stop), "do_sample": not s.is_greedy,
     }
     if s.repetition_penalty != 1.0:
         params["repetition_penalty"] = s.repetition_penalty
@@ -66,7 +66,7 @@ def build_payload(inputs: str, s: SamplingParams) -> dict[str, Any]:
         params["top_n_tokens"] = s.top_logprobs
     if s.structured is not None:
         params["grammar"] = _grammar(s.structured)
-    if s.temperature > 0:
+    if not s.is_greedy:
         params["temperature"] = s.temperature
         if 0.0 < s.top_p < 1.0:
             params["top_p"] = s.top_p

@@ -206,7 +206,7 @@ class TransformersBackend:
     ) -> Job:
         sampling = req.sampling
         seed = None
-        if sampling.temperature > 0:  # TGI reports the seed a sampled request used
+        if not sampling.is_greedy:  # TGI reports the seed a sampled request used
             seed = sampling.seed + index if sampling.seed is not None else random.getrandbits(63)
         tracker = RequestTracker(self._ready().tokenizer, prompt_ids, sampling, max_tokens, seed,
                                  publish, index=index, texts=self._texts)

@@ -88,7 +88,7 @@ def _processors(
     if s.min_tokens > 0 and job.tracker.stop_ids:
         processors.append(MinNewTokensLengthLogitsProcessor(
             len(job.prompt_ids), s.min_tokens, sorted(job.tracker.stop_ids), device=device))
-    if s.temperature > 0:
+    if not s.is_greedy:
         if s.temperature != 1.0:
             processors.append(TemperatureLogitsWarper(s.temperature))
         if s.top_k > 0:

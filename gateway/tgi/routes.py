@@ -190,7 +190,7 @@ async def prepare(request: Request, *, stream: bool | None) -> tuple[Prepared, b
         request_id=new_request_id(), sampling=todo.sampling, prompt=body.inputs,
         prompt_token_ids=ids,
     )
-    seed = todo.sampling.seed if todo.sampling.temperature > 0 else None
+    seed = None if todo.sampling.is_greedy else todo.sampling.seed
     view = TGIView(body.inputs, todo.details, todo.return_full_text, seed,
                    top_n_tokens=todo.top_n_tokens, prefill=todo.prefill)
     return Prepared(state, entry, backend, gen_request, view), streamed

@@ -19,6 +19,7 @@ from backends.base import (
     StructuredOutput,
 )
 from backends.registry import BackendSpec, create_backend
+from backends.tgi.payload import build_payload
 from tests.backends.harness import Result, collect, request
 from tests.backends.tgi_stub import LOGPROB, PIECES, StubTGI, create_stub_app
 from tests.gateway.conftest import running_server
@@ -68,6 +69,13 @@ async def test_parameters_map_to_tgis_names(upstream, stub) -> None:
     assert unbounded["max_new_tokens"] is None  # TGI: the rest of the window
     assert stub.headers[0]["x-model"] == "served-upstream"
     assert backend.info().max_total_tokens == 64  # read from /info
+
+
+def test_a_temperature_too_small_to_sample_is_sent_as_greedy() -> None:
+    """TGI refuses temperature <= 0, and the engines treat one below 1e-5 as greedy too."""
+    params = build_payload("a b c", SamplingParams(temperature=1e-6, top_k=5, seed=3))
+    assert params["parameters"]["do_sample"] is False
+    assert not {"temperature", "top_k", "seed"} & set(params["parameters"])
 
 
 async def test_usage_and_finish_come_from_tgis_details(upstream, stub) -> None:

@@ -88,7 +88,7 @@ def test_top_logprobs_match_transformers(path: Path, reference, tokenizer_dir: P
         for token, row in zip(tokens, rows, strict=True):
             assert abs(token.logprob - row[token.id].item()) < TOLERANCE
             _assert_top(token.top_logprobs, row, p.top_logprobs)
-            if p.temperature == 0:
+            if p.is_greedy:
                 assert token.top_logprobs[0].id == token.id
         alt = tokens[0].top_logprobs[1]
         assert alt.text == engine.tokenizer.decode([alt.id], skip_special_tokens=False)
@@ -242,7 +242,6 @@ def test_prompt_logprobs_of_a_long_prompt_are_computed_in_slices(tokenizer_dir: 
     """A [P, V] float32 copy of a long prompt's logits takes gigabytes: the work goes in
     slices of PROMPT_ROWS_PER_SLICE rows, with the same values as in one piece."""
     from backends.native.sampling import logprobs
-
     from backends.text.token_texts import TokenTexts
     from backends.text.tokenizer import Tokenizer
 
@@ -267,8 +266,9 @@ def test_the_chosen_token_reads_the_same_among_its_alternatives(path: Path) -> N
     own entry among the alternatives says the same, while the others keep their texts."""
     engine = make_engine(path, block_size=8)
     ids = engine.tokenizer.encode("🙂🙂")
-    partial = next(t for t in ids if engine.token_texts(t).endswith("\ufffd"))
-    other = next(t for t in range(300, 400) if engine.token_texts(t).isalpha())
+    texts = engine.choice_outputs.token_texts
+    partial = next(t for t in ids if texts(t).endswith("\ufffd"))
+    other = next(t for t in range(300, 400) if texts(t).isalpha())
     params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, logprobs=True,
                             top_logprobs=2)
     seq = engine.add_request("r", _prompt(6), params)
@@ -277,7 +277,7 @@ def test_the_chosen_token_reads_the_same_among_its_alternatives(path: Path) -> N
     (info,) = out.tokens
     assert info.id == partial and info.text == out.text == ""
     assert [(a.id, a.text) for a in info.top_logprobs] == [
-        (partial, info.text), (other, engine.token_texts(other))]
+        (partial, info.text), (other, texts(other))]
 
 
 def test_decode_checked_refuses_ids_outside_the_vocabulary(tokenizer_dir: Path) -> None:

@@ -133,7 +133,7 @@ def _prompt(length: int = PROMPT_LEN, seed: int = 7) -> list[int]:
 
 
 def _choices(seq: Sequence) -> list[Sequence]:
-    return seq.extras["choices"]
+    return seq.choices
 
 
 def _run_checked(engine: LLMEngine) -> None:
@@ -161,7 +161,7 @@ def test_greedy_choices_are_identical_to_a_single_greedy_run(path: Path) -> None
     greedy = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True, n=3)
     (outputs,) = _generate(engine, [prompt], [greedy])
     assert outputs == [expected] * 3
-    assert [c.index for c in engine.generate([prompt], greedy)[0].extras["choices"]] == [0, 1, 2]
+    assert [c.index for c in engine.generate([prompt], greedy)[0].choices] == [0, 1, 2]
     assert_all_blocks_free(engine)
 
 
@@ -176,9 +176,9 @@ def test_seeded_choices_are_distinct_and_reproducible(path: Path) -> None:
     assert first == again
     assert len({tuple(tokens) for tokens in first}) == 3
     seqs = make_engine(path, block_size=8).generate([prompt], _sampled(3))
-    assert [c.extras["seed"] for c in _choices(seqs[0])] == [5, 6, 7]
+    assert [c.seed for c in _choices(seqs[0])] == [5, 6, 7]
     unseeded = make_engine(path, block_size=8).generate([prompt], _sampled(2, seed=None))
-    assert all(isinstance(c.extras["seed"], int) for c in _choices(unseeded[0]))
+    assert all(isinstance(c.seed, int) for c in _choices(unseeded[0]))
 
 
 def test_choices_equal_independent_requests_with_their_seeds(path: Path) -> None:
@@ -300,7 +300,9 @@ def test_a_failure_while_appending_tokens_fails_the_requests_and_keeps_finished_
         max_tokens=2, temperature=0.0, ignore_eos=True))
     bad = engine.add_request("bad", _prompt(), _sampled(2))
     engine.step()  # both prompts computed, "bad" forked
-    _choices(bad)[1].extras["detokenizer"].add = None  # calling it raises TypeError
+    output = _choices(bad)[1].output
+    assert output is not None
+    output.detokenizer.add = None  # calling it raises TypeError
     outputs = engine.step()  # "done" appends (and finishes) first, then "bad#1" raises
     assert done.is_finished and done.finish_reason == "length"
     while engine.has_work():

@@ -100,8 +100,8 @@ def test_sampled_requests_report_their_seed(tiny_model: Callable[[str], Path]) -
     engine = make_engine(tiny_model("llama_gqa"))
     params = SamplingParams(max_tokens=8, temperature=0.9, ignore_eos=True)
     a, b = engine.generate([[5, 6, 7], [5, 6, 7]], params)
-    seed = a.extras["seed"]
+    seed = a.seed
     again = engine.generate([[5, 6, 7]], SamplingParams(
         max_tokens=8, temperature=0.9, ignore_eos=True, seed=seed))[0]
     assert again.output_token_ids == a.output_token_ids
-    assert a.extras["seed"] != b.extras["seed"]
+    assert a.seed != b.seed

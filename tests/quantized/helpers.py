@@ -56,9 +56,9 @@ def native_greedy(engine: LLMEngine, prompt: list[int], steps: int = STEPS):
     run = engine.runner.run
 
     def capture(batch, greedy=False):  # the logits, so never the greedy head's tokens
-        logits, seqs = run(batch)
-        captured.append(logits.float().clone())
-        return logits, seqs
+        result = run(batch)
+        captured.append(result.logits.float().clone())
+        return result
 
     engine.runner.run = capture
     try:

@@ -36,6 +36,7 @@ from backends.native.runner.compiled_step import (
     own_copy,
 )
 from backends.native.runner.greedy_head import GreedyHead, head_output
+from backends.native.runner.step_result import StepLogits, StepResult
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,7 @@ class CompiledPrefillStep:
     def run(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
         logits_indices: torch.Tensor, greedy: bool = False,
-    ) -> torch.Tensor | None:
+    ) -> StepResult | None:
         """Float32 logits of the rows in `logits_indices`, as the model's forward returns
         them (with `greedy` and a greedy head maybe each row's token instead); None if a
         region cannot be compiled (logged once)."""
@@ -104,7 +105,7 @@ class CompiledPrefillStep:
             return None
         rows = x[:logits_indices.shape[0]]
         if self.greedy_head is None:
-            return self.model.logits(rows)
+            return StepLogits(self.model.logits(rows))
         return head_output(self.model, self.greedy_head, self.model.final_hidden(rows), greedy)
 
     def _layers(

@@ -45,6 +45,7 @@ from torch._inductor.compile_fx import compile_fx
 from backends.native.layers.attention import DecodeMetadata, KVCache, decode_mask, no_duck_shapes
 from backends.native.runner.fused_decode_layers import fused_decode_layers
 from backends.native.runner.greedy_head import GreedyHead, head_output
+from backends.native.runner.step_result import StepLogits, StepResult
 from backends.native.scheduling.sequence import Sequence as Seq
 
 log = logging.getLogger(__name__)
@@ -226,11 +227,11 @@ class CompiledDecodeStep:
     def num_graphs(self) -> int:
         return self.compiler.num_graphs
 
-    def run(self, seqs: Sequence[Seq], greedy: bool = False) -> torch.Tensor | None:
+    def run(self, seqs: Sequence[Seq], greedy: bool = False) -> StepResult | None:
         """Float32 logits [B, V] (row i samples for seqs[i]), or with `greedy` (every row
-        plain greedy) and a greedy head maybe each row's token [B] int64 instead; None if a
-        region cannot be compiled (logged once). Layers before a failed one have written this
-        step's K/V: the eager step that follows writes the same slots again."""
+        plain greedy) and a greedy head maybe each row's token instead; None if a region
+        cannot be compiled (logged once). Layers before a failed one have written this step's
+        K/V: the eager step that follows writes the same slots again."""
         rows = self._inputs(seqs)
         batch_dims = () if rows.shape[0] == 1 else (0,)  # batch 1 gets graphs of its own
         _dynamic(rows, *batch_dims, 1)
@@ -243,7 +244,7 @@ class CompiledDecodeStep:
             self.broken = True
             return None
         if self.greedy_head is None:
-            return x
+            return StepLogits(x)
         return head_output(self.model, self.greedy_head, x, greedy)
 
     def _forward(self, rows: torch.Tensor, batch_dims: tuple[int, ...]) -> torch.Tensor:

@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 from backends.cpu_kernels.build import active_variant
+from backends.native.runner.step_result import GreedyTokens, StepLogits, StepResult
 from backends.native.sampling.logits_processing import needs_processing
-from backends.native.sampling.sampler import GREEDY_TEMPERATURE
 from backends.native.scheduling.sequence import Sequence
 
 COLUMNS = 16  # the kernel's output columns a packed block
@@ -74,10 +74,10 @@ class GreedyHead:
 
 
 def plain_greedy(seqs: list[Sequence]) -> bool:
-    """Whether every row only needs its argmax: temperature 0, no logprobs and nothing that
+    """Whether every row only needs its argmax: greedy, no logprobs and nothing that
     changes the logits first (the caller checks for a grammar mask and prompt logprobs)."""
     return all(
-        s.sampling.temperature < GREEDY_TEMPERATURE and not s.sampling.logprobs
+        s.sampling.is_greedy and not s.sampling.logprobs
         and not s.sampling.top_logprobs and not needs_processing(s)
         for s in seqs
     )
@@ -134,11 +134,11 @@ def _upper_norms(values: torch.Tensor, features: int, slack: torch.Tensor) -> to
 
 
 def head_output(model: nn.Module, head: GreedyHead, hidden: torch.Tensor,
-                greedy: bool) -> torch.Tensor:
-    """The float32 logits of the final hidden states, or with `greedy` each row's token [S]
-    int64 where the head decides every row."""
+                greedy: bool) -> StepResult:
+    """The float32 logits of the final hidden states, or with `greedy` each row's token
+    where the head decides every row."""
     if greedy:
         tokens = head.tokens(hidden)
         if tokens is not None:
-            return tokens
-    return model.head_logits(hidden)
+            return GreedyTokens(tokens.tolist())
+    return StepLogits(model.head_logits(hidden))

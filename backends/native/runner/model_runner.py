@@ -1,4 +1,5 @@
-"""ModelRunner: owns the model and the KV cache, turns a ScheduledBatch into logits."""
+"""ModelRunner: owns the model and the KV cache, turns a ScheduledBatch into logits (or, for
+plain greedy steps, into tokens: step_result.py)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from backends.native.layers.attention import (
 from backends.native.runner.compiled_prefill import CompiledPrefillStep
 from backends.native.runner.compiled_step import CompiledDecodeStep
 from backends.native.runner.greedy_head import GreedyHead
+from backends.native.runner.step_result import StepLogits, StepResult
 from backends.native.scheduling.scheduler import ScheduledBatch
 from backends.native.scheduling.sequence import Sequence
 
@@ -26,8 +28,7 @@ class StepInputs:
     input_ids: torch.Tensor
     positions: torch.Tensor
     meta: AttentionMetadata
-    logits_indices: torch.Tensor
-    sampling_seqs: list[Sequence]  # the first rows of the logits, in batch order
+    logits_indices: torch.Tensor  # the sampling sequences' rows first, in batch order
 
 
 class ModelRunner:
@@ -65,28 +66,24 @@ class ModelRunner:
         self.kv_cache.copy_blocks(pairs)
 
     @torch.inference_mode()
-    def run(
-        self, batch: ScheduledBatch, greedy: bool = False,
-    ) -> tuple[torch.Tensor, list[Sequence]]:
-        """Run one step; returns logits [S + P, V] and the S sequences that sample: row i < S
-        samples for sequence i, the P rows after them are `batch.prompt_spans()`' positions
-        in order (prompt logprobs). With `greedy` (every row plain greedy, no P rows) the
-        first may instead be each sequence's token [S] int64 (greedy_head.py)."""
+    def run(self, batch: ScheduledBatch, greedy: bool = False) -> StepResult:
+        """Run one step for `batch.sampling_seqs()` (S sequences, in batch order) and the
+        prompt positions of `batch.prompt_spans()` (P rows): its logits [S + P, V], or with
+        `greedy` (every row plain greedy, no P rows) maybe each sequence's greedy token."""
         if self._decode_only(batch):
             assert self.decode_step is not None
-            logits = self.decode_step.run(batch.seqs, greedy)
-            if logits is not None:
-                return logits, list(batch.seqs)
+            result = self.decode_step.run(batch.seqs, greedy)
+            if result is not None:
+                return result
         inputs = self.prepare(batch)
-        logits = None
         if inputs.meta.prefills and self.prefill_step is not None and not self.prefill_step.broken:
-            logits = self.prefill_step.run(
+            result = self.prefill_step.run(
                 inputs.input_ids, inputs.positions, inputs.meta, inputs.logits_indices, greedy
             )
-        if logits is None:
-            logits = self.model(inputs.input_ids, inputs.positions, self.kv_cache, inputs.meta,
-                                inputs.logits_indices)
-        return logits, inputs.sampling_seqs
+            if result is not None:
+                return result
+        return StepLogits(self.model(inputs.input_ids, inputs.positions, self.kv_cache,
+                                     inputs.meta, inputs.logits_indices))
 
     def _decode_only(self, batch: ScheduledBatch) -> bool:
         """Every row decodes one token and samples (no prompt chunk; a row that samples has
@@ -131,10 +128,8 @@ class ModelRunner:
         )
         if decode:
             self._decode_metadata(meta, [batch.seqs[i] for i in decode])
-        return StepInputs(
-            self._tensor(ids), self._tensor(positions), meta, self._tensor(logits_rows),
-            [batch.seqs[i] for i in sampling],
-        )
+        return StepInputs(self._tensor(ids), self._tensor(positions), meta,
+                          self._tensor(logits_rows))
 
     def _slot(self, seq: Sequence, position: int) -> int:
         return seq.block_table[position // self.block_size] * self.block_size + (

@@ -43,7 +43,7 @@ class GrammarSupport:
     def submit_masks(self, seqs: list[Sequence]) -> Future[torch.Tensor | None] | None:
         """Start filling the bitmask of `seqs`' matchers (rows in order); None when no
         sequence has a grammar. The result is valid until the next call."""
-        matchers = [seq.extras.get("grammar") for seq in seqs]
+        matchers = [seq.grammar for seq in seqs]
         if all(m is None for m in matchers):
             return None
         if self._masks is None:

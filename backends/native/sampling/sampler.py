@@ -14,10 +14,6 @@ from backends.cpu_kernels.build import active_variant
 from backends.native.sampling.logits_processing import column, process_logits
 from backends.native.scheduling.sequence import Sequence
 
-# Below this temperature sampling is greedy: logits / temperature would overflow to inf and
-# the probabilities to NaN (vLLM draws the line at 1e-5 too).
-GREEDY_TEMPERATURE = 1e-5
-
 
 @dataclass
 class SamplerOutput:
@@ -35,7 +31,7 @@ def sample(
 ) -> SamplerOutput:
     """logits [S, V], row i for seqs[i]; bitmask [S, ceil(V/32)] int32 of allowed tokens.
 
-    Sampled rows draw from seq.extras["generator"] when set, else from `generator`.
+    Sampled rows draw from seq.generator when set, else from `generator`.
     """
     logits = logits.float()
     # The whole [S, V] log-softmax only where a row asks for its top tokens (~1 ms a step at
@@ -43,7 +39,7 @@ def sample(
     logprobs = torch.log_softmax(logits, dim=-1) if _wants_top(seqs) else None
     processed = process_logits(logits, seqs, bitmask)
     chosen = _argmax(processed, logits)
-    rows = [i for i, s in enumerate(seqs) if s.sampling.temperature >= GREEDY_TEMPERATURE]
+    rows = [i for i, s in enumerate(seqs) if not s.sampling.is_greedy]
     if rows:
         drawn = _sample_rows(processed[rows], [seqs[i] for i in rows], generator)
         chosen[rows] = torch.where(drawn >= 0, drawn, chosen[rows])
@@ -116,8 +112,7 @@ def _sample_rows(
 
 
 def _generator(seq: Sequence, shared: torch.Generator) -> torch.Generator:
-    own = seq.extras.get("generator")
-    return shared if own is None else own
+    return shared if seq.generator is None else seq.generator
 
 
 def _min_p(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:

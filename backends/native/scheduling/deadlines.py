@@ -15,7 +15,7 @@ def expired(
     request_timeout: float | None,
 ) -> Iterator[tuple[str, str]]:
     """(request id, reason) of each request past a deadline. A request is queued until its
-    first step (`first_scheduled`); both clocks start at its arrival."""
+    first step (`Sequence.first_scheduled`); both clocks start at its arrival."""
     for request_id, choices in list(groups.items()):
         if not choices:
             continue
@@ -23,5 +23,5 @@ def expired(
         if request_timeout is not None and waited > request_timeout:
             yield request_id, REQUEST_TIMEOUT
         elif (queue_timeout is not None and waited > queue_timeout
-              and all("first_scheduled" not in c.extras for c in choices)):
+              and all(c.first_scheduled is None for c in choices)):
             yield request_id, QUEUE_TIMEOUT

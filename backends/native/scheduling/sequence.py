@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
-from backends.base import SamplingParams
+from backends.base import SamplingParams, TokenInfo
+
+if TYPE_CHECKING:
+    import torch
+
+    from backends.native.structured.matcher import GrammarMatcher
+    from backends.text.detokenizer import IncrementalDetokenizer
+    from backends.text.stop_checker import StopChecker
 
 
 class SequenceStatus(enum.Enum):
@@ -14,6 +21,16 @@ class SequenceStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"
+
+
+@dataclass
+class OutputState:
+    """The engine's text state of one choice: its streamed detokenization, the stop strings
+    held back, and the prompt's logprobs by position (until choice 0's first output)."""
+
+    detokenizer: IncrementalDetokenizer
+    stops: StopChecker
+    prompt_logprobs: dict[int, TokenInfo] = field(default_factory=dict)
 
 
 @dataclass
@@ -47,9 +64,15 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: str | None = None
     stop_reason: str | None = None
-    # Per-choice helpers owned by the engine (detokenizer, stop checker, generator and seed,
-    # grammar matcher, prompt logprobs so far); choice 0 also lists every choice.
-    extras: dict[str, Any] = field(default_factory=dict)
+    # Set by the engine (llm_engine.py). Choice 0 lists every choice of its request.
+    choices: list[Sequence] = field(default_factory=list)
+    output: OutputState | None = None
+    grammar: GrammarMatcher | None = None  # a structured-output request's constraint
+    # A sampled choice draws from its own generator, seeded with `seed` (reported at the end).
+    seed: int | None = None
+    generator: torch.Generator | None = None
+    first_scheduled: float | None = None  # time.monotonic() of its first step; None: queued
+    finished_at: float | None = None  # time.monotonic() when it finished
 
     def __post_init__(self) -> None:
         if not self.token_ids:

@@ -13,6 +13,7 @@ import torch
 
 from backends.base import SamplingParams
 from backends.native.llm_engine import LLMEngine
+from backends.native.runner.step_result import StepLogits
 from tests.native.runner.test_compiled_step import _outputs, _prompts
 from tests.native.test_parity import make_engine as make_parity_engine
 from tests.quantized.helpers import fixture_folder
@@ -32,10 +33,11 @@ def _step_logits(engine: LLMEngine, prompts: list[list[int]]) -> list[torch.Tens
     captured: list[torch.Tensor] = []
     run = engine.runner.run
 
-    def capture(batch: Any, greedy: bool = False) -> Any:  # logits: never the greedy head's
-        logits, seqs = run(batch)
-        captured.append(logits.clone())
-        return logits, seqs
+    def capture(batch: Any, greedy: bool = False) -> StepLogits:  # never the greedy head's
+        result = run(batch)
+        assert isinstance(result, StepLogits)
+        captured.append(result.logits.clone())
+        return result
 
     engine.runner.run = capture  # type: ignore[method-assign]
     try:

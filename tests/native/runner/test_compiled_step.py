@@ -67,7 +67,7 @@ def _outputs(engine: LLMEngine, prompts: list[list[int]], sampling: Any) -> list
     seqs = engine.generate(prompts, sampling)
     assert all(s.finish_reason == "length" for s in seqs)
     assert_all_blocks_free(engine)
-    return [c.output_token_ids for s in seqs for c in s.extras.get("choices", [s])]
+    return [c.output_token_ids for s in seqs for c in s.choices or [s]]
 
 
 def test_warmup_compiles_both_graphs(engines: tuple[LLMEngine, LLMEngine]) -> None:

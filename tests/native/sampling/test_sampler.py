@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from backends.base import SamplingParams
+from backends.base import GREEDY_TEMPERATURE, SamplingParams
 from backends.cpu_kernels.build import active_variant
 from backends.native.sampling.logits_processing import process_logits
 from backends.native.sampling.sampler import row_argmax, sample
@@ -23,7 +23,7 @@ def _seq(
                    eos_token_ids=eos)
     seq.token_ids.extend(output)
     if seed is not None:
-        seq.extras["generator"] = torch.Generator().manual_seed(seed)
+        seq.generator = torch.Generator().manual_seed(seed)
     return seq
 
 
@@ -229,7 +229,7 @@ def test_penalties_bias_and_min_tokens_change_exactly_the_right_logits() -> None
     assert not torch.equal(processed, logits)  # and the input was not modified in place
     assert torch.equal(logits, _logits(len(seqs), vocab=20, seed=4) * 3)
 
-    greedy = [i for i, s in enumerate(seqs) if s.sampling.temperature <= 0]
+    greedy = [i for i, s in enumerate(seqs) if s.sampling.is_greedy]
     out = sample(logits, seqs, torch.Generator().manual_seed(0))
     assert [out.token_ids[i] for i in greedy] == expected[greedy].argmax(-1).tolist()
     raw = torch.log_softmax(logits, -1)  # logprobs stay those of the raw distribution
@@ -319,6 +319,13 @@ def test_bitmask_restricts_greedy_and_sampled_tokens() -> None:
 
 
 # -- degenerate parameters never produce a token nothing chose ------------------------------
+
+
+@pytest.mark.parametrize(("temperature", "greedy"), [
+    (0.0, True), (1e-6, True), (GREEDY_TEMPERATURE, False), (1e-5, False), (0.5, False),
+])
+def test_is_greedy_below_the_greedy_temperature(temperature: float, greedy: bool) -> None:
+    assert SamplingParams(temperature=temperature).is_greedy is greedy
 
 
 def test_a_tiny_temperature_is_greedy() -> None:
