@@ -1,7 +1,8 @@
 """GGUF files: a transformers config from the metadata, and dequantized tensors under HF names.
 
-llama.cpp's converter permutes the rows of q/k projections (for its interleaved RoPE); we undo
-that exactly as transformers' own GGUF loader does, so the weights match `from_pretrained`.
+llama.cpp's converter permutes the rows of llama's q/k projections (for its interleaved RoPE;
+qwen2 and qwen3 are written as they are); we undo that exactly as transformers' own GGUF loader
+does, so the weights match `from_pretrained`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from gguf.quants import dequantize
 from backends.native.models.support import UnsupportedModelError
 from backends.quantized.gguf import KEPT_TYPES, GGUFRaw
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -42,6 +43,11 @@ _BIAS_NAMES = {  # qwen2 only
     "attn_k.bias": "self_attn.k_proj.bias",
     "attn_v.bias": "self_attn.v_proj.bias",
 }
+_QK_NORM_NAMES = {  # qwen3 only
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+}
+_ARCH_NAMES = {"qwen2": _BIAS_NAMES, "qwen3": _QK_NORM_NAMES}
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.(.+)$")
 
 
@@ -79,7 +85,7 @@ def gguf_architecture(reader: GGUFReader) -> str:
 
 
 def gguf_config(reader: GGUFReader) -> transformers.PretrainedConfig:
-    """A LlamaConfig / Qwen2Config built from the GGUF metadata."""
+    """A LlamaConfig / Qwen2Config / Qwen3Config built from the GGUF metadata."""
     arch = gguf_architecture(reader)
     names = {t.name for t in reader.tensors}
     _refuse_unknown_tensors(arch, names)
@@ -114,13 +120,16 @@ def gguf_config(reader: GGUFReader) -> transformers.PretrainedConfig:
     }
     if arch == "qwen2":
         return transformers.Qwen2Config(**kwargs)
+    if arch == "qwen3":
+        return transformers.Qwen3Config(head_dim=head_dim, **kwargs)
     return transformers.LlamaConfig(head_dim=head_dim, **kwargs)
 
 
 def config_from_dict(raw: dict[str, Any]) -> transformers.PretrainedConfig:
     """The config `gguf_config` built, from its `to_dict()` (as the startup cache keeps it).
     The concrete classes: transformers' AutoConfig machinery costs seconds to import."""
-    classes = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config}
+    classes = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
+               "qwen3": transformers.Qwen3Config}
     return classes[raw["model_type"]].from_dict(raw)
 
 
@@ -163,8 +172,7 @@ def hf_name(arch: str, gguf_name: str) -> str | None:
     if match is None:
         return None
     layer, rest = match.groups()
-    names = {**_BLOCK_NAMES, **_BIAS_NAMES} if arch == "qwen2" else _BLOCK_NAMES
-    suffix = names.get(rest)
+    suffix = _BLOCK_NAMES.get(rest) or _ARCH_NAMES.get(arch, {}).get(rest)
     return None if suffix is None else f"model.layers.{layer}.{suffix}"
 
 

@@ -167,9 +167,11 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
+    attention_class: type[LlamaAttention] = LlamaAttention
+
     def __init__(self, config: PretrainedConfig, head_dim: int) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(config, head_dim)
+        self.self_attn = self.attention_class(config, head_dim)
         self.mlp = LlamaMLP(config)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -194,24 +196,29 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: PretrainedConfig, head_dim: int, max_positions: int) -> None:
+    def __init__(
+        self, config: PretrainedConfig, head_dim: int, max_positions: int,
+        layer_class: type[LlamaDecoderLayer] = LlamaDecoderLayer,
+    ) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, head_dim) for _ in range(config.num_hidden_layers)
+            layer_class(config, head_dim) for _ in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = Rotary(config, head_dim, max_positions)
 
 
 class LlamaForCausalLM(nn.Module):
+    layer_class: type[LlamaDecoderLayer] = LlamaDecoderLayer
+
     def __init__(self, config: PretrainedConfig, max_positions: int) -> None:
         super().__init__()
         self.config = config
         self.head_dim = getattr(config, "head_dim", None) or (
             config.hidden_size // config.num_attention_heads
         )
-        self.model = LlamaModel(config, self.head_dim, max_positions)
+        self.model = LlamaModel(config, self.head_dim, max_positions, self.layer_class)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if self.tie_word_embeddings:

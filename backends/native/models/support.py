@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 SUPPORTED_ACTIVATIONS = ("silu",)
 
@@ -29,9 +29,12 @@ def check_supported(config: Any) -> None:
         )
     if getattr(config, "mlp_bias", False):
         raise UnsupportedModelError("mlp_bias=True is not supported by the native engine.")
-    if model_type == "qwen2" and getattr(config, "use_sliding_window", False):
+    if model_type in ("qwen2", "qwen3") and getattr(config, "use_sliding_window", False):
+        # Their window covers only the layers from max_window_layers on; the engine's one
+        # window (Mistral's) covers every layer.
         raise UnsupportedModelError(
-            "Qwen2 with use_sliding_window=True is not supported by the native engine."
+            f"{model_type.capitalize()} with use_sliding_window=True is not supported by the "
+            "native engine; use --backend transformers."
         )
 
 
