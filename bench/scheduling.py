@@ -1,4 +1,5 @@
-"""Scheduling benchmarks (issue 3), each an A/B in one run on W1's random ~125M Llama:
+"""What the scheduler's two levers buy, each as an A/B in one run on W1's random ~125M Llama
+(an engine with the lever off, then one with it on, in the same process and machine minute):
 
 - shared-prefix: 64 requests sharing a 512-token system prompt plus a unique 64-token
   suffix, 32 new tokens each: TTFT p50/p99 and output throughput, prefix cache on vs off.
