@@ -190,9 +190,12 @@ def built_library(spec: KernelBuild) -> Path:
     folder = _kernel_dir()
     objects = Path("obj")
     commands = [*_compile_commands(spec, objects), _link_command(spec, objects, Path("out"))]
+    # The sources' folder is left out of the name: the same sources and flags make the same
+    # library wherever they are installed (a reinstall or another venv reuses it).
+    here = str(Path(__file__).parent)
     key = hashlib.sha256("\n".join([
         *[source.read_text() for source in (*spec.sources, *HEADERS, *spec.extra_headers)],
-        torch.__version__, *[" ".join(command) for command in commands],
+        torch.__version__, *[" ".join(command).replace(here, "<sources>") for command in commands],
     ]).encode()).hexdigest()[:16]
     target = folder / f"{spec.prefix}-{spec.variant}-{key}.so"
     if target.exists():

@@ -4,8 +4,9 @@ default model loads with our CPU kernels active, from outside the repository.
 
 The install is offline and quick: a fresh venv sees the dev venv's site-packages for the
 dependencies (a .pth line) and pip installs a copy of the tree with --no-deps
---no-build-isolation --no-index. The kernels build into a fresh cache folder (~26 s on 2
-cores), so a library cached from the source tree cannot hide a missing file."""
+--no-build-isolation --no-index. The kernel library is named by the content of every source
+and header it is built from, so naming it reads them all from site-packages: a file left out
+fails the load even where the library is already cached (built by the suite's other tests)."""
 
 from __future__ import annotations
 
@@ -92,8 +93,7 @@ def test_the_installed_package_builds_and_runs_the_cpu_kernels(
         pytest.skip(str(exc))
     elsewhere = tmp_path / "elsewhere"  # not the repository: its tree must not be importable
     elsewhere.mkdir()
-    env = _clean_env(SWITCHYARD_CACHE_DIR=str(tmp_path / "cache"),
-                     SWITCHYARD_CPU_KERNELS="auto", OMP_NUM_THREADS="1")
+    env = _clean_env(SWITCHYARD_CPU_KERNELS="auto", OMP_NUM_THREADS="1")
     done = subprocess.run([str(installed.parents[2] / "bin" / "python"), "-I", str(CHECK)],
                           cwd=elsewhere, env=env, capture_output=True, text=True, timeout=600,
                           check=False)
@@ -101,7 +101,6 @@ def test_the_installed_package_builds_and_runs_the_cpu_kernels(
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert Path(report["backends"]).is_relative_to(installed), report["backends"]
     assert report["cpu_kernels"] == expected.describe(), done.stderr[-3000:]
-    assert list((tmp_path / "cache" / "kernels").glob("switchyard_cpu-*.so"))
     assert len(report["tokens"]) == 3
     # Both read the package's .py files by path: the copied tree gives the same fingerprints.
     assert {key: report[key] for key in ("reader_version", "code_fingerprint")} == \
