@@ -2,7 +2,9 @@
 
 llama.cpp's converter permutes the rows of llama's q/k projections (for its interleaved RoPE;
 qwen2 and qwen3 are written as they are); we undo that exactly as transformers' own GGUF loader
-does, so the weights match `from_pretrained`.
+does, so the weights match `from_pretrained`. phi3's attn_qkv and ffn_up (gate then up) come
+fused, as in its checkpoints (models/phi3.py splits them); its LongRoPE factors, tensors here,
+go into the config.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from gguf.quants import dequantize
 from backends.native.models.support import UnsupportedModelError
 from backends.quantized.gguf import KEPT_TYPES, GGUFRaw
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+SUPPORTED_ARCHITECTURES = ("llama", "phi3", "qwen2", "qwen3")
 
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -47,7 +49,13 @@ _QK_NORM_NAMES = {  # qwen3 only
     "attn_q_norm.weight": "self_attn.q_norm.weight",
     "attn_k_norm.weight": "self_attn.k_norm.weight",
 }
-_ARCH_NAMES = {"qwen2": _BIAS_NAMES, "qwen3": _QK_NORM_NAMES}
+_PHI3_NAMES = {
+    "attn_qkv.weight": "self_attn.qkv_proj.weight",
+    "ffn_up.weight": "mlp.gate_up_proj.weight",
+}
+_ARCH_NAMES = {"qwen2": _BIAS_NAMES, "qwen3": _QK_NORM_NAMES, "phi3": _PHI3_NAMES}
+_ROPE_FACTORS = {"long_factor": "rope_factors_long.weight",
+                 "short_factor": "rope_factors_short.weight"}  # phi3: config, not weights
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.(.+)$")
 
 
@@ -97,7 +105,7 @@ def gguf_config(reader: GGUFReader) -> transformers.PretrainedConfig:
     heads = int(meta("attention.head_count"))
     head_dim = int(meta("attention.key_length", hidden // heads))
     rope_dim = int(meta("rope.dimension_count", head_dim))
-    if rope_dim != head_dim:
+    if rope_dim != head_dim and arch != "phi3":
         raise UnsupportedModelError(
             f"GGUF partial rotary embedding (rope.dimension_count={rope_dim}, "
             f"head_dim={head_dim}) is not supported."
@@ -118,6 +126,8 @@ def gguf_config(reader: GGUFReader) -> transformers.PretrainedConfig:
         "eos_token_id": field_value(reader, "tokenizer.ggml.eos_token_id"),
         "pad_token_id": field_value(reader, "tokenizer.ggml.padding_token_id"),
     }
+    if arch == "phi3":
+        return _phi3_config(reader, meta, kwargs, rope_dim / head_dim)
     if arch == "qwen2":
         return transformers.Qwen2Config(**kwargs)
     if arch == "qwen3":
@@ -128,9 +138,30 @@ def gguf_config(reader: GGUFReader) -> transformers.PretrainedConfig:
 def config_from_dict(raw: dict[str, Any]) -> transformers.PretrainedConfig:
     """The config `gguf_config` built, from its `to_dict()` (as the startup cache keeps it).
     The concrete classes: transformers' AutoConfig machinery costs seconds to import."""
-    classes = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
-               "qwen3": transformers.Qwen3Config}
+    classes = {"llama": transformers.LlamaConfig, "phi3": transformers.Phi3Config,
+               "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config}
     return classes[raw["model_type"]].from_dict(raw)
+
+
+def _phi3_config(
+    reader: GGUFReader, meta: Any, kwargs: dict[str, Any], partial_rotary_factor: float,
+) -> transformers.Phi3Config:
+    """llama.cpp's phi3 metadata: LongRoPE factors as tensors, a window of 0 for none."""
+    original = meta("rope.scaling.original_context_length")
+    if original is not None:
+        kwargs["original_max_position_embeddings"] = int(original)
+    by_name = {t.name: t for t in reader.tensors}
+    if all(name in by_name for name in _ROPE_FACTORS.values()):
+        scaling: dict[str, Any] = {"rope_type": "longrope"}
+        for key, name in _ROPE_FACTORS.items():
+            scaling[key] = dequantize_tensor(by_name[name]).flatten().tolist()
+        attn_factor = meta("rope.scaling.attn_factor")
+        if attn_factor is not None:
+            scaling["attention_factor"] = float(attn_factor)
+        kwargs["rope_scaling"] = scaling
+    window = int(meta("attention.sliding_window", 0) or 0)
+    return transformers.Phi3Config(
+        partial_rotary_factor=partial_rotary_factor, sliding_window=window or None, **kwargs)
 
 
 def gguf_extra_eos_ids(reader: GGUFReader) -> list[int]:
@@ -172,12 +203,12 @@ def hf_name(arch: str, gguf_name: str) -> str | None:
     if match is None:
         return None
     layer, rest = match.groups()
-    suffix = _BLOCK_NAMES.get(rest) or _ARCH_NAMES.get(arch, {}).get(rest)
+    suffix = _ARCH_NAMES.get(arch, {}).get(rest) or _BLOCK_NAMES.get(rest)
     return None if suffix is None else f"model.layers.{layer}.{suffix}"
 
 
 def _refuse_unknown_tensors(arch: str, names: set[str]) -> None:
-    unknown = sorted(n for n in names if hf_name(arch, n) is None)
+    unknown = sorted(n for n in names if hf_name(arch, n) is None and not _config_only(arch, n))
     if unknown:
         shown = ", ".join(unknown[:5]) + (" ..." if len(unknown) > 5 else "")
         raise UnsupportedModelError(
@@ -236,6 +267,10 @@ def lm_head_kept(reader: GGUFReader) -> bool:
     return head is not None and head.tensor_type in KEPT_TYPES
 
 
+def _config_only(arch: str, gguf_name: str) -> bool:
+    return arch == "phi3" and gguf_name in _ROPE_FACTORS.values()
+
+
 def _is_linear(name: str) -> bool:
     return name == "lm_head.weight" or name.endswith("_proj.weight")
 
@@ -248,6 +283,8 @@ def iter_gguf_tensors(
     arch = gguf_architecture(reader)
     tie_raw = keep_quantized and config.tie_word_embeddings and lm_head_kept(reader)
     for tensor in reader.tensors:
+        if _config_only(arch, tensor.name):
+            continue
         name = hf_name(arch, tensor.name)
         if name is None:
             raise UnsupportedModelError(f"Unknown GGUF tensor {tensor.name}")

@@ -80,17 +80,31 @@ class Rotary(nn.Module):
     def __init__(self, config: PretrainedConfig, head_dim: int, max_positions: int) -> None:
         super().__init__()
         with torch.device("cpu"):  # also when the model is built on the meta device
-            inv_freq, scaling = _rope_init(config, head_dim)
-            positions = torch.arange(max_positions, dtype=torch.float32)
-            freqs = torch.outer(positions, inv_freq.float())
-            emb = torch.cat((freqs, freqs), dim=-1)
-        self.register_buffer("cos", emb.cos() * scaling, persistent=False)
-        self.register_buffer("sin", emb.sin() * scaling, persistent=False)
-        assert self.cos.shape[-1] == head_dim
+            cos, sin = self.tables(config, head_dim, max_positions)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    def tables(
+        self, config: PretrainedConfig, head_dim: int, max_positions: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [max_positions, head_dim], float32."""
+        inv_freq, scaling = _rope_init(config, head_dim)
+        cos, sin = rotary_tables(inv_freq, scaling, torch.arange(max_positions))
+        assert cos.shape[-1] == head_dim
+        return cos, sin
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
         cos, sin = self.cos[positions], self.sin[positions]
         return cos.to(dtype).unsqueeze(1), sin.to(dtype).unsqueeze(1)
+
+
+def rotary_tables(
+    inv_freq: torch.Tensor, scaling: float, positions: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [len(positions), 2 * len(inv_freq)] (float32), as transformers computes them."""
+    freqs = torch.outer(positions.float(), inv_freq.float())
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos() * scaling, emb.sin() * scaling
 
 
 def _rope_init(config: PretrainedConfig, head_dim: int) -> tuple[torch.Tensor, float]:
@@ -199,6 +213,7 @@ class LlamaModel(nn.Module):
     def __init__(
         self, config: PretrainedConfig, head_dim: int, max_positions: int,
         layer_class: type[LlamaDecoderLayer] = LlamaDecoderLayer,
+        rotary_class: type[Rotary] = Rotary,
     ) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
@@ -206,11 +221,12 @@ class LlamaModel(nn.Module):
             layer_class(config, head_dim) for _ in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.rotary = Rotary(config, head_dim, max_positions)
+        self.rotary = rotary_class(config, head_dim, max_positions)
 
 
 class LlamaForCausalLM(nn.Module):
     layer_class: type[LlamaDecoderLayer] = LlamaDecoderLayer
+    rotary_class: type[Rotary] = Rotary
 
     def __init__(self, config: PretrainedConfig, max_positions: int) -> None:
         super().__init__()
@@ -218,7 +234,8 @@ class LlamaForCausalLM(nn.Module):
         self.head_dim = getattr(config, "head_dim", None) or (
             config.hidden_size // config.num_attention_heads
         )
-        self.model = LlamaModel(config, self.head_dim, max_positions, self.layer_class)
+        self.model = LlamaModel(config, self.head_dim, max_positions, self.layer_class,
+                                self.rotary_class)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if self.tie_word_embeddings:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "phi3", "qwen2", "qwen3")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+# Rotary kinds one architecture's own rotary implements (models/phi3.py: Phi3Rotary).
+ARCHITECTURE_ROPE_TYPES = {"phi3": ("default", "longrope")}
 SUPPORTED_ACTIVATIONS = ("silu",)
 
 
@@ -29,6 +31,12 @@ def check_supported(config: Any) -> None:
         )
     if getattr(config, "mlp_bias", False):
         raise UnsupportedModelError("mlp_bias=True is not supported by the native engine.")
+    if model_type == "phi3" and getattr(config, "quantization_config", None):
+        # Its q/k/v and gate/up come fused; the quantized loaders take them one by one.
+        raise UnsupportedModelError(
+            "Pre-quantized Phi-3 checkpoints (quantization_config) are not supported by the "
+            "native engine; use a GGUF file or --backend transformers."
+        )
     if model_type in ("qwen2", "qwen3") and getattr(config, "use_sliding_window", False):
         # Their window covers only the layers from max_window_layers on; the engine's one
         # window (Mistral's) covers every layer.
@@ -46,8 +54,10 @@ def rope_type(config: Any) -> str:
 
 def _check_rope_scaling(config: Any) -> None:
     kind = rope_type(config)
-    if kind not in SUPPORTED_ROPE_TYPES:
+    model_type = getattr(config, "model_type", None)
+    supported = ARCHITECTURE_ROPE_TYPES.get(model_type, SUPPORTED_ROPE_TYPES)
+    if kind not in supported:
         raise UnsupportedModelError(
-            f"rope_scaling type {kind!r} is not supported by the native engine "
-            f"(supported: {', '.join(SUPPORTED_ROPE_TYPES)})."
+            f"rope_scaling type {kind!r} is not supported by the native engine for "
+            f"{model_type} (supported: {', '.join(supported)}); use --backend transformers."
         )

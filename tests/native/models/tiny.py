@@ -4,6 +4,7 @@ would write them to a GGUF file."""
 
 from __future__ import annotations
 
+import math
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -47,7 +48,35 @@ def write_qwen3_gguf(path: Path, folder: Path, tokenizer_gguf: str) -> Path:
     converter permutes q/k rows for llama only), with the metadata its Qwen3 converter writes
     and the default model's tokenizer."""
     config = AutoModelForCausalLM.from_pretrained(folder).config
-    writer = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.QWEN3])
+    writer = _writer(path, gguf.MODEL_ARCH.QWEN3, config, tokenizer_gguf)
+    writer.add_key_length(config.head_dim)
+    writer.add_value_length(config.head_dim)
+    return _finish(writer, path, folder, gguf.MODEL_ARCH.QWEN3, config)
+
+
+def write_phi3_gguf(path: Path, folder: Path, tokenizer_gguf: str) -> Path:
+    """`folder`'s weights under llama.cpp's phi3 names (attn_qkv and ffn_up stay fused), with
+    the metadata and LongRoPE factor tensors its Phi3 converter writes."""
+    config = AutoModelForCausalLM.from_pretrained(folder).config
+    writer = _writer(path, gguf.MODEL_ARCH.PHI3, config, tokenizer_gguf)
+    head_dim = config.hidden_size // config.num_attention_heads
+    rope = config.rope_parameters
+    writer.add_rope_dimension_count(int(head_dim * rope["partial_rotary_factor"]))
+    writer.add_sliding_window(config.sliding_window or 0)
+    if rope.get("rope_type") == "longrope":
+        original = rope["original_max_position_embeddings"]
+        scale = config.max_position_embeddings / original
+        writer.add_rope_scaling_orig_ctx_len(original)
+        writer.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)))
+        for kind in ("long", "short"):
+            factors = np.array(rope[f"{kind}_factor"], dtype=np.float32)
+            writer.add_tensor(f"rope_factors_{kind}.weight", factors)
+    return _finish(writer, path, folder, gguf.MODEL_ARCH.PHI3, config)
+
+
+def _writer(path: Path, arch: gguf.MODEL_ARCH, config: PretrainedConfig,
+            tokenizer_gguf: str) -> gguf.GGUFWriter:
+    writer = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[arch])
     _copy_tokenizer(writer, gguf.GGUFReader(tokenizer_gguf))
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
@@ -55,12 +84,15 @@ def write_qwen3_gguf(path: Path, folder: Path, tokenizer_gguf: str) -> Path:
     writer.add_feed_forward_length(config.intermediate_size)
     writer.add_head_count(config.num_attention_heads)
     writer.add_head_count_kv(config.num_key_value_heads)
-    writer.add_key_length(config.head_dim)
-    writer.add_value_length(config.head_dim)
     writer.add_rope_freq_base(float(config.rope_parameters["rope_theta"]))
     writer.add_layer_norm_rms_eps(float(config.rms_norm_eps))
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN3, config.num_hidden_layers)
+    return writer
+
+
+def _finish(writer: gguf.GGUFWriter, path: Path, folder: Path, arch: gguf.MODEL_ARCH,
+            config: PretrainedConfig) -> Path:
+    names = gguf.get_tensor_name_map(arch, config.num_hidden_layers)
     # The saved file, not the model's state: a tied lm_head is not in it (no output.weight).
     for name, tensor in load_file(str(folder / "model.safetensors")).items():
         gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
