@@ -7,7 +7,7 @@ No torch here. A backend turns one `GenerationRequest` into an async iterator of
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal, Protocol, runtime_checkable
 
 FinishReason = Literal["stop", "length", "abort", "error"]
@@ -71,6 +71,32 @@ class SamplingParams:
     def is_greedy(self) -> bool:
         """Whether each token is the argmax of the (processed) logits, drawn from no generator."""
         return self.temperature < GREEDY_TEMPERATURE
+
+
+@dataclass(frozen=True)
+class SamplingDefaults:
+    """What a request that omits a sampling value gets, at one level of the precedence
+    (the models file, the flag, the checkpoint's generation_config). None: not set here;
+    where no level sets a value, the request gets SamplingParams' neutral default."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None  # 0: off
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+
+    def over(self, fallback: SamplingDefaults) -> SamplingDefaults:
+        """These values, with `fallback`'s where these are unset."""
+        unset = {f.name: getattr(fallback, f.name) for f in fields(self)
+                 if getattr(self, f.name) is None}
+        return replace(self, **unset)
+
+    def report(self) -> dict[str, float | int]:
+        """The values set, by name (/info, /v1/models)."""
+        return {name: value for name, value in asdict(self).items() if value is not None}
+
+
+NO_SAMPLING_DEFAULTS = SamplingDefaults()
 
 
 @dataclass(frozen=True)
@@ -205,6 +231,8 @@ class ModelInfo:
     backend: str = "unknown"
     chat_template: str | None = None  # the tokenizer's, when the backend templates itself
     extra: dict[str, Any] = field(default_factory=dict)
+    # The checkpoint's own (its generation_config); the gateway's configured ones go over them.
+    sampling_defaults: SamplingDefaults = NO_SAMPLING_DEFAULTS
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from gateway.generation import ClientDisconnected
 from gateway.limits import BodyLimitMiddleware
 from gateway.metrics import GatewayMetrics
 from gateway.middleware import CLIENT_CLOSED, MetricsMiddleware, set_status_label
-from gateway.models_file import DeploymentPlan
+from gateway.models_file import DeploymentPlan, ModelPlan
 from gateway.openai.models import router as models_router
 from gateway.openai.routes import router as openai_router
 from gateway.openai.tokenize_routes import router as tokenize_router
@@ -53,14 +53,15 @@ def build_registry(settings: Settings, backends: Mapping[str, Served] | None) ->
     if backends is None:
         for plan in plans:
             deployments = [_deployment(d) for d in plan.deployments]
-            registry.add_model(plan.name, deployments, plan.aliases, plan.tool_call_parser)
+            registry.add_model(plan.name, deployments, plan.aliases, plan.tool_call_parser,
+                               plan.sampling_defaults)
         return registry
     declared = {plan.name: plan for plan in plans}
     for name, served in backends.items():
-        plan = declared.get(name)
-        aliases, parser = (plan.aliases, plan.tool_call_parser) if plan else ((), None)
+        plan = declared.get(name) or ModelPlan(name, (), (), None, settings.flag_sampling())
         deployments = served if isinstance(served, Sequence) else [Deployment(name, served)]
-        registry.add_model(name, deployments, aliases, parser)
+        registry.add_model(name, deployments, plan.aliases, plan.tool_call_parser,
+                           plan.sampling_defaults)
     return registry
 
 

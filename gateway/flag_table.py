@@ -53,6 +53,9 @@ MODEL = Group("model and weights", (
          metavar="NAME"),
     Flag("config_file", "YAML file declaring models, aliases, deployments, routing and keys "
          "(without it: the one model --model-id names)", Note("none"), metavar="PATH"),
+    Flag("sampling_defaults", "every model's sampling defaults, a JSON object (temperature, "
+         "top_p, top_k, min_p, repetition_penalty); a model's `defaults:` in the models file "
+         "win", Note("the checkpoint's generation_config"), metavar="JSON"),
     Flag("device", "cpu | cuda | cuda:N", "cpu", metavar="DEVICE"),
     Flag("dtype", "auto: on CPU bfloat16 where bf16 matmul is native, else float32; "
          "float16 on CUDA", "auto"),

@@ -5,8 +5,10 @@ or `deployments:`, a list of places it is served from. A deployment names its `b
 (native | remote | tgi | transformers), its `weight` (> 0, default 1) and `priority`
 (default 0, lower first), an optional `name`; every other field (`model_id`, `base_url`,
 `model`, `api_key_env`, timeouts, engine options, or an `options:` mapping) belongs to its
-backend, whose factory checks it strictly when the gateway starts. Mistakes fail at
-startup as a `ConfigError` naming the field.
+backend, whose factory checks it strictly when the gateway starts. A model's `defaults:`
+(temperature, top_p, top_k, min_p, repetition_penalty) are what its requests get when they
+omit them (gateway/sampling_defaults.py). Mistakes fail at startup as a `ConfigError`
+naming the field.
 """
 
 from __future__ import annotations
@@ -20,9 +22,11 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from auth.keys import KeyDeclaration
+from backends.base import NO_SAMPLING_DEFAULTS, SamplingDefaults
 from backends.registry import BackendSpec
 from backends.transformers.options import shared_engine_flags
 from gateway.memory_size import parse_memory
+from gateway.sampling_defaults import SamplingDefaultsDeclaration, declared
 from routing.policy import RoutingPolicy
 
 
@@ -63,6 +67,8 @@ class ModelDeclaration(BaseModel):
     deployments: list[DeploymentDeclaration] | None = Field(None, min_length=1)
     # How tool calls are read from the output; default: judged from the chat template.
     tool_call_parser: Literal["hermes", "llama3_json", "mistral"] | None = None
+    # Sampling defaults of requests that omit them: over the flag's and the checkpoint's.
+    defaults: SamplingDefaultsDeclaration | None = None
 
     @model_validator(mode="after")
     def _one_way(self) -> ModelDeclaration:
@@ -117,6 +123,7 @@ class ModelPlan:
     aliases: tuple[str, ...]
     deployments: tuple[DeploymentPlan, ...]
     tool_call_parser: str | None = None  # gateway/openai/tools FORMATS; None: from the template
+    sampling_defaults: SamplingDefaults = NO_SAMPLING_DEFAULTS  # `defaults:` over the flag's
 
 
 def _location(loc: tuple[int | str, ...]) -> str:
@@ -150,8 +157,10 @@ def load_config_file(path: Path) -> ConfigFile:
 
 def model_plan(
     decl: ModelDeclaration, default_backend: str, engine_defaults: Mapping[str, Any],
+    sampling_defaults: SamplingDefaults = NO_SAMPLING_DEFAULTS,
 ) -> ModelPlan:
-    """A declaration -> its deployments' specs. Engine flags are defaults for native ones."""
+    """A declaration -> its deployments' specs. Engine flags are defaults for native ones;
+    `sampling_defaults` (the flag's) for the model, under its own `defaults:`."""
     if decl.deployments is None:
         assert decl.model_id is not None
         backend = decl.backend or default_backend
@@ -161,7 +170,8 @@ def model_plan(
         deployments = tuple(
             _deployment(decl, i, d, default_backend, engine_defaults)
             for i, d in enumerate(decl.deployments))
-    return ModelPlan(decl.name, tuple(decl.aliases), deployments, decl.tool_call_parser)
+    return ModelPlan(decl.name, tuple(decl.aliases), deployments, decl.tool_call_parser,
+                     declared(decl.defaults).over(sampling_defaults))
 
 
 def _deployment(

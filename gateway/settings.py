@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     Field,
@@ -17,10 +17,11 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from auth.factory import AuthConfig
 from auth.limits import LEASE_TTL_S
+from backends.base import SamplingDefaults
 from backends.registry import BackendSpec
 from gateway.memory_size import parse_memory
 from gateway.models_file import (
@@ -31,6 +32,7 @@ from gateway.models_file import (
     load_config_file,
     model_plan,
 )
+from gateway.sampling_defaults import SamplingDefaultsDeclaration, declared, from_json_text
 from routing.policy import RoutingPolicy
 
 __all__ = ["ConfigError", "ConfigFile", "ModelDeclaration", "ModelPlan", "Settings"]
@@ -133,6 +135,8 @@ class Settings(BaseSettings):
     max_output_tokens: PositiveInt | None = None  # None: the model's --max-total-tokens alone
     shutdown_timeout: float = Field(30.0, ge=0)
     playground: bool = True  # the chat page at /playground (gateway/playground/)
+    # Every model's sampling defaults, under a models file's `defaults:` (a JSON object).
+    sampling_defaults: Annotated[SamplingDefaultsDeclaration | None, NoDecode] = None
 
     @model_validator(mode="after")
     def _tgi_spellings(self) -> Settings:
@@ -144,6 +148,11 @@ class Settings(BaseSettings):
     @classmethod
     def _memory(cls, value: Any) -> float | None:
         return parse_memory(value)
+
+    @field_validator("sampling_defaults", mode="before")
+    @classmethod
+    def _json(cls, value: Any) -> Any:
+        return from_json_text(value)
 
     @field_validator("max_request_body_bytes", mode="before")
     @classmethod
@@ -186,9 +195,14 @@ class Settings(BaseSettings):
         """
         if self.config_file is None:
             decl = ModelDeclaration(name=self.served_name(), model_id=self.model_id)
-            return [model_plan(decl, self.backend, self._engine_options())]
+            return [model_plan(decl, self.backend, self._engine_options(), self.flag_sampling())]
         models = self.load_config_file().models
-        return [model_plan(decl, self.backend, self._engine_options()) for decl in models]
+        return [model_plan(decl, self.backend, self._engine_options(), self.flag_sampling())
+                for decl in models]
+
+    def flag_sampling(self) -> SamplingDefaults:
+        """--sampling-defaults: every model's, under its `defaults:` in the models file."""
+        return declared(self.sampling_defaults)
 
     def routing_policy(self) -> RoutingPolicy:
         if self.config_file is None:

@@ -6,7 +6,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from backends.base import Backend
+from backends.base import NO_SAMPLING_DEFAULTS, Backend, SamplingDefaults
 from routing.deployment import Deployment
 from routing.errors import ModelNotFound
 from routing.policy import RoutingPolicy
@@ -21,6 +21,8 @@ class ModelEntry:
     router: ModelRouter
     aliases: tuple[str, ...] = ()
     tool_call_parser: str | None = None  # the models file's override; None: from the template
+    # Configured (models file over flag); the checkpoint's own come from its backend's info.
+    sampling_defaults: SamplingDefaults = NO_SAMPLING_DEFAULTS
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property
@@ -43,6 +45,7 @@ class ModelRegistry:
     def add_model(
         self, name: str, deployments: Sequence[Deployment], aliases: Iterable[str] = (),
         tool_call_parser: str | None = None,
+        sampling_defaults: SamplingDefaults = NO_SAMPLING_DEFAULTS,
     ) -> ModelEntry:
         aliases = tuple(a for a in dict.fromkeys(aliases) if a != name)
         for taken in (name, *aliases):
@@ -51,7 +54,7 @@ class ModelRegistry:
                     f"model name or alias {taken!r} is already used by {self._names[taken]!r}"
                 )
         router = ModelRouter(name, deployments, self.policy)
-        entry = ModelEntry(name, router, aliases, tool_call_parser)
+        entry = ModelEntry(name, router, aliases, tool_call_parser, sampling_defaults)
         self._entries[name] = entry
         for taken in (name, *aliases):
             self._names[taken] = name

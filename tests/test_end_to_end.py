@@ -73,6 +73,10 @@ def test_default_model_knows_the_capital_of_france(default_server) -> None:
     )
     assert "Paris" in answer.choices[0].message.content
     info = httpx.get(f"{url}/info").json()
+    # the model card's settings, for requests that set none (the README's curl example)
+    card_defaults = {"temperature": 0.2, "top_p": 0.9}
+    assert info["sampling_defaults"] == card_defaults
+    assert model.model_extra["sampling_defaults"] == card_defaults
     assert info["quantization"].startswith("gguf")  # kept packed in memory
     # kept packed, the tied embedding too, on every instruction set: <= 0.4x the bf16
     # size (134.5M weights; measured 0.38 on AVX-512 and with torch's AVX2 packing)

@@ -140,6 +140,7 @@ class NativeBackend:
             quantization=loaded.quantization,
             backend="native",
             chat_template=engine.tokenizer.chat_template,
+            sampling_defaults=loaded.sampling_defaults,
             extra={
                 "model_id": loaded.model_path,
                 "device": loaded.device.type,

@@ -113,6 +113,7 @@ class TransformersBackend:
             quantization=loaded.quantization,
             backend="transformers",
             chat_template=loaded.tokenizer.chat_template,
+            sampling_defaults=loaded.sampling_defaults,
             extra={
                 "model_id": loaded.path,
                 "device": loaded.device.type,

@@ -15,7 +15,13 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-from backends.default_model import resolve_model_path
+from backends.base import NO_SAMPLING_DEFAULTS, SamplingDefaults
+from backends.default_model import (
+    checkpoint_sampling,
+    read_generation_config,
+    resolve_model_path,
+    sampling_defaults,
+)
 from backends.machine.cpu_dtype import choose_dtype
 from backends.text.tokenizer import Tokenizer
 from backends.transformers.options import TransformersOptions
@@ -38,6 +44,7 @@ class LoadedHF:
     max_input_tokens: int
     max_total_tokens: int
     quantization: str | None
+    sampling_defaults: SamplingDefaults = NO_SAMPLING_DEFAULTS  # the checkpoint's own
 
 
 def load(model_id: str, options: TransformersOptions) -> LoadedHF:
@@ -55,7 +62,8 @@ def load(model_id: str, options: TransformersOptions) -> LoadedHF:
     eos = _merge_ids(model.config.get_text_config().eos_token_id,
                      model.generation_config.eos_token_id)
     # Every generation choice comes from the request: the checkpoint's defaults (sampling,
-    # eos, penalties in generation_config.json) must not leak into `generate`.
+    # eos, penalties in generation_config.json) must not leak into `generate`; its sampling
+    # defaults reach requests through the gateway instead (ModelInfo.sampling_defaults).
     model.generation_config = GenerationConfig()
     max_input, max_total = _limits(model.config, options)
     return LoadedHF(
@@ -64,7 +72,13 @@ def load(model_id: str, options: TransformersOptions) -> LoadedHF:
         vocab_size=model.get_input_embeddings().num_embeddings,  # an id past it cannot run
         max_input_tokens=max_input, max_total_tokens=max_total,
         quantization="gguf (dequantized by transformers)" if gguf_file else None,
+        sampling_defaults=checkpoint_sampling(model_id, _own_sampling(folder, gguf_file)),
     )
+
+
+def _own_sampling(folder: str, gguf_file: str | None) -> SamplingDefaults:
+    """A folder's generation_config.json; a .gguf file's folder is not its checkpoint."""
+    return NO_SAMPLING_DEFAULTS if gguf_file else sampling_defaults(read_generation_config(folder))
 
 
 def _split_path(path: str) -> tuple[str, str | None]:

@@ -137,12 +137,24 @@ class CompletionStreamEvent(RootModel[TextCompletion | ErrorResponse]):
     """A chunk, or the error that cut the stream short."""
 
 
+class SamplingDefaultsCard(BaseModel):
+    """What a request that omits these gets; an absent one is neutral (or the upstream's)."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+
+
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"]
     created: int
     owned_by: str
     alias_of: str | None = Field(None, description="The model this alias names.")
+    sampling_defaults: SamplingDefaultsCard | None = Field(
+        None, description="The model's sampling defaults (ours; not known while it loads).")
 
 
 class ModelList(BaseModel):

@@ -6,14 +6,14 @@ body's `model`; else, when exactly one model is served, that one. A name may be 
 model or one of its aliases; the model's router (routing/router.py) then picks the
 deployment and falls back to another one when a deployment fails before its first token.
 
-Chat requests with tools get a tool plan (gateway/openai/tools) from the model's chat
-template; completions with `best_of > n` generate `best_of` candidates and answer the `n`
-likeliest.
+What a body leaves out of its sampling comes from the model's defaults
+(gateway/sampling_defaults.py). Chat requests with tools get a tool plan
+(gateway/openai/tools) from the model's chat template; completions with `best_of > n`
+generate `best_of` candidates and answer the `n` likeliest.
 """
 
 from __future__ import annotations
 
-import asyncio
 import math
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -47,6 +47,7 @@ from gateway.openai.sampling import (
     uses_tools,
 )
 from gateway.openapi import GENERATION_ERRORS, Answer, documented
+from gateway.sampling_defaults import effective, model_info
 from gateway.sse import SSEResponse
 from gateway.state import GatewayState, gateway_state
 from routing.registry import ModelEntry
@@ -101,15 +102,6 @@ async def _respond(
     return JSONResponse(await unless_disconnected(request.receive, whole()))
 
 
-async def _chat_template(entry: ModelEntry) -> str | None:
-    """The model's chat template, for tool planning; None while it cannot say (loading)."""
-    try:
-        info = await asyncio.to_thread(entry.router.info)
-    except Exception:
-        return None
-    return info.chat_template
-
-
 _CHAT_DOCS = documented(
     Answer(200, "The completion; with `stream`, chunks as server-sent events, then [DONE].",
            model=answers.ChatCompletion, stream=answers.ChatStreamEvent),
@@ -123,13 +115,15 @@ _COMPLETION_DOCS = documented(
 @router.post("/v1/chat/completions", response_model=None, **_CHAT_DOCS)
 async def chat_completions(request: Request) -> Response:
     state, body, entry = await _prepare(request, ChatCompletionRequest)
+    info = await model_info(entry)  # None while loading: no template, configured defaults
     plan = None
     if uses_tools(body):
-        plan = tool_plan(body, await _chat_template(entry), entry.tool_call_parser)
+        template = info.chat_template if info is not None else None
+        plan = tool_plan(body, template, entry.tool_call_parser)
     options = ResponseOptions(body.choices(), bool(body.logprobs), body.top_logprobs_count(),
                               body.include_usage())
     formatter = ChatFormatter(chat_meta(entry.name), options, plan)
-    gen_request = chat_request(body, new_request_id(), plan)
+    gen_request = chat_request(body, new_request_id(), plan, effective(entry, info))
     return await _respond(request, state, entry, gen_request, formatter, streamed=bool(body.stream))
 
 
@@ -155,7 +149,8 @@ async def completions(request: Request) -> Response:
     options = ResponseOptions(body.choices(), body.logprobs is not None, body.logprobs or 0,
                               body.include_usage())
     formatter = CompletionFormatter(completion_meta(entry.name), options)
-    gen_request = completion_request(body, new_request_id())
+    defaults = effective(entry, await model_info(entry))
+    gen_request = completion_request(body, new_request_id(), defaults)
     select = best_of(body.choices()) if body.candidates() > body.choices() else None
     return await _respond(request, state, entry, gen_request, formatter,
                           streamed=bool(body.stream), select=select)

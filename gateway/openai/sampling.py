@@ -6,7 +6,13 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from backends.base import GenerationRequest, SamplingParams, StructuredOutput
+from backends.base import (
+    NO_SAMPLING_DEFAULTS,
+    GenerationRequest,
+    SamplingDefaults,
+    SamplingParams,
+    StructuredOutput,
+)
 from gateway.errors import OpenAIError, bad_request
 from gateway.openai.requests import ChatCompletionRequest, CompletionRequest, SamplingFields
 from gateway.openai.tools import ToolPlan, ToolSpecError, plan_tools
@@ -27,20 +33,28 @@ class Asked:
     structured: StructuredOutput | None = None
 
 
-def sampling_params(body: SamplingFields, asked: Asked) -> SamplingParams:
+def _pick(asked: float | None, default: float | None, neutral: float) -> float:
+    if asked is not None:
+        return asked
+    return neutral if default is None else default
+
+
+def sampling_params(body: SamplingFields, asked: Asked,
+                    defaults: SamplingDefaults = NO_SAMPLING_DEFAULTS) -> SamplingParams:
+    """The body's sampling; what it omits comes from the model's `defaults`, else neutral."""
     return SamplingParams(
         max_tokens=asked.max_tokens,
-        temperature=1.0 if body.temperature is None else body.temperature,
-        top_p=1.0 if body.top_p is None else body.top_p,
-        top_k=max(body.top_k or 0, 0),
-        min_p=body.min_p or 0.0,
+        temperature=_pick(body.temperature, defaults.temperature, 1.0),
+        top_p=_pick(body.top_p, defaults.top_p, 1.0),
+        top_k=max(int(_pick(body.top_k, defaults.top_k, 0)), 0),
+        min_p=_pick(body.min_p, defaults.min_p, 0.0),
         seed=body.seed,
         stop=body.stop,
         stop_token_ids=tuple(body.stop_token_ids or ()),
         ignore_eos=body.ignore_eos,
         logprobs=asked.logprobs,
         top_logprobs=asked.top_logprobs,
-        repetition_penalty=body.repetition_penalty or 1.0,
+        repetition_penalty=_pick(body.repetition_penalty, defaults.repetition_penalty, 1.0),
         frequency_penalty=body.frequency_penalty or 0.0,
         presence_penalty=body.presence_penalty or 0.0,
         n=asked.n,
@@ -70,8 +84,8 @@ def _tool_error(exc: ToolSpecError) -> OpenAIError:
     return bad_request(exc.message, exc.param or "tools", "invalid_value")
 
 
-def chat_request(body: ChatCompletionRequest, request_id: str,
-                 plan: ToolPlan | None = None) -> GenerationRequest:
+def chat_request(body: ChatCompletionRequest, request_id: str, plan: ToolPlan | None = None,
+                 defaults: SamplingDefaults = NO_SAMPLING_DEFAULTS) -> GenerationRequest:
     messages: list[dict[str, Any]] = [m.as_dict() for m in body.messages]
     structured = body.structured()
     tools = None
@@ -85,17 +99,18 @@ def chat_request(body: ChatCompletionRequest, request_id: str,
     asked = Asked(body.token_limit(), body.choices(), bool(body.logprobs),
                   body.top_logprobs_count(), structured)
     return GenerationRequest(
-        request_id=request_id, sampling=sampling_params(body, asked), messages=messages,
+        request_id=request_id, sampling=sampling_params(body, asked, defaults), messages=messages,
         add_generation_prompt=body.add_generation_prompt, tools=tools,
     )
 
 
-def completion_request(body: CompletionRequest, request_id: str) -> GenerationRequest:
+def completion_request(body: CompletionRequest, request_id: str,
+                       defaults: SamplingDefaults = NO_SAMPLING_DEFAULTS) -> GenerationRequest:
     # best_of ranks its candidates by their tokens' logprobs, asked or not.
     logprobs = body.logprobs is not None or body.candidates() > body.choices()
     asked = Asked(body.token_limit(), body.candidates(), logprobs, body.logprobs or 0,
                   body.structured())
-    sampling = sampling_params(body, asked)
+    sampling = sampling_params(body, asked, defaults)
     if isinstance(body.prompt, str):
         return GenerationRequest(request_id=request_id, sampling=sampling, prompt=body.prompt)
     # Pre-tokenized: `prompt_token_ids` overrides the (empty) text prompt.

@@ -50,6 +50,7 @@ from gateway.metrics import GenerationTrace
 from gateway.middleware import set_failure_label, set_model_label
 from gateway.openai.sampling import new_request_id
 from gateway.openapi import Answer, ErrorResponse, TGIErrorResponse, documented
+from gateway.sampling_defaults import effective
 from gateway.sse import SSEResponse
 from gateway.state import GatewayState, gateway_state
 from gateway.tgi import schema
@@ -272,5 +273,7 @@ async def info(request: Request) -> Response:
         model_info = entry.router.info()
     except BackendUnavailable as exc:  # still loading: which stage (gateway/tgi/info.py)
         return await loading_response(entry.deployments, exc)
-    return JSONResponse(info_body(model_info, version=request.app.version,
-                                  limits=state.settings.request_limits()))
+    body = info_body(model_info, version=request.app.version,
+                     limits=state.settings.request_limits())
+    body["sampling_defaults"] = effective(entry, model_info).report()  # ours, per model
+    return JSONResponse(body)

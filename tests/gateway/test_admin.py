@@ -24,7 +24,8 @@ def test_models_list(client: openai.OpenAI) -> None:
 def test_models_raw_shape(http: httpx.Client) -> None:
     body = http.get("/v1/models").json()
     assert body["object"] == "list"
-    assert set(body["data"][0]) == {"id", "object", "created", "owned_by"}
+    assert set(body["data"][0]) == {"id", "object", "created", "owned_by", "sampling_defaults"}
+    assert body["data"][0]["sampling_defaults"] == {}  # an echo model has no defaults
 
 
 def test_health_ready(http: httpx.Client) -> None:

@@ -41,6 +41,8 @@ def _other_value(flag: Flag) -> str:
         return next(choice for choice in choices if choice != flag.default)
     if value_type(flag.setting) is bool:
         return "false" if flag.default == "true" else "true"
+    if flag.metavar == "JSON":
+        return '{"temperature": 0.5}'
     return "7"
 
 

@@ -18,6 +18,8 @@ import torch
 import transformers
 from safetensors import safe_open
 
+from backends.base import NO_SAMPLING_DEFAULTS, SamplingDefaults
+from backends.default_model import read_generation_config, sampling_defaults
 from backends.native.loading import gguf_reader
 from backends.native.loading.startup_cache import StartupCache, reader_version
 from backends.native.models.support import UnsupportedModelError, check_supported
@@ -54,6 +56,8 @@ class Checkpoint:
     quantized_lm_head: bool = False
     # GGUF only: config and metadata came from the startup cache (the file was not parsed)
     metadata_cached: bool = False
+    # Folders only: what generation_config.json sets (a GGUF file carries none)
+    sampling_defaults: SamplingDefaults = NO_SAMPLING_DEFAULTS
 
     def tensors(self, keep_quantized: bool = False) -> Iterator[tuple[str, Any]]:
         """(HF parameter name, tensor), one at a time. GGUF tensors are dequantized to float32,
@@ -86,8 +90,10 @@ def _load_folder(path: str) -> Checkpoint:
     check_supported(config)
     fmt, files = _weight_files(path)
     stream = _safetensors_stream(files) if fmt == "safetensors" else _pytorch_stream(files)
-    eos = _merge_ids(config.eos_token_id, _generation_config_eos(path))
-    return Checkpoint(path, config, fmt, eos, stream)
+    generation = read_generation_config(path)
+    eos = _merge_ids(config.eos_token_id, generation.get("eos_token_id"))
+    return Checkpoint(path, config, fmt, eos, stream,
+                      sampling_defaults=sampling_defaults(generation))
 
 
 def _load_gguf(path: str, cache: StartupCache | None = None) -> Checkpoint:
@@ -193,14 +199,6 @@ def _pytorch_stream(files: list[str]) -> TensorStream:
             del state
 
     return stream
-
-
-def _generation_config_eos(path: str) -> Any:
-    file = os.path.join(path, "generation_config.json")
-    if not os.path.isfile(file):
-        return None
-    with open(file, encoding="utf-8") as f:
-        return json.load(f).get("eos_token_id")
 
 
 def _merge_ids(*values: Any) -> list[int]:

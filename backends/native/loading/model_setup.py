@@ -11,9 +11,10 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
+from backends.base import NO_SAMPLING_DEFAULTS, SamplingDefaults
 from backends.cpu_kernels.build import kernel_status
 from backends.cpu_kernels.status import require
-from backends.default_model import resolve_model_path
+from backends.default_model import checkpoint_sampling, resolve_model_path
 from backends.machine.cache_dir import cache_root, point_inductor_cache
 from backends.machine.cpu_dtype import DtypeChoice, choose_dtype, machine_key
 from backends.native.config import EngineConfig
@@ -29,7 +30,6 @@ from backends.native.loading.startup_cache import (
 )
 from backends.native.loading.tokenizer_loading import load_tokenizer
 from backends.native.models import build_model, sliding_window
-from backends.native.models.llama import Rotary
 from backends.native.models.support import check_supported
 from backends.quantized.config import GGUFConfig, QuantConfig, resolve_quantization
 from backends.quantized.loading import QuantizedLinears, prepare_model
@@ -62,6 +62,7 @@ class LoadedModel:
     quantization: str | None = None  # e.g. "gptq 4-bit group 128 sym"; None: dense
     dtype_reason: str = ""  # why this dtype (auto's decision, or a slow explicit one)
     cpu_kernels: str | None = None  # our CPU kernels' variant, or `none (<why>)`; None: GPU
+    sampling_defaults: SamplingDefaults = NO_SAMPLING_DEFAULTS  # the checkpoint's own
 
 
 def load_model(config: EngineConfig) -> LoadedModel:
@@ -111,6 +112,7 @@ def load_model(config: EngineConfig) -> LoadedModel:
         path, hf_config, model, tokenizer, kv_cache, num_blocks, device, dtype,
         sliding_window(hf_config), max_input, max_total, weight_bytes, quantization,
         dtype_choice.reason, cpu_kernels,
+        checkpoint_sampling(config.model, checkpoint.sampling_defaults),
     )
 
 
@@ -213,7 +215,8 @@ def _build(
     if getattr(model, "tie_word_embeddings", False) and isinstance(model.lm_head, nn.Linear):
         model.lm_head.weight = model.model.embed_tokens.weight
     # RoPE tables stay float32 (cast per step), as transformers computes them.
-    model.model.rotary = Rotary(hf_config, model.head_dim, max_total).to(device)
+    rotary = type(model.model.rotary)  # the architecture's own (Phi-3: partial, LongRoPE)
+    model.model.rotary = rotary(hf_config, model.head_dim, max_total).to(device)
     return model, linears
 
 

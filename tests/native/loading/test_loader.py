@@ -15,7 +15,8 @@ import transformers
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize, quantize
 
-from backends.default_model import default_model_path, resolve_model_path
+from backends.base import SamplingDefaults
+from backends.default_model import checkpoint_sampling, default_model_path, resolve_model_path
 from backends.native.loading.loader import (
     Checkpoint,
     CheckpointError,
@@ -130,6 +131,23 @@ def test_generation_eos_ids_are_merged(tmp_path: Path) -> None:
     assert load_checkpoint(str(tmp_path)).generation_eos_token_ids == [2, 5, 7]
 
 
+def test_generation_config_sampling_defaults(tmp_path: Path) -> None:
+    save_tiny(tmp_path, transformers.LlamaConfig(**TINY), transformers.LlamaForCausalLM)
+    assert load_checkpoint(str(tmp_path)).sampling_defaults == SamplingDefaults()
+    (tmp_path / "generation_config.json").write_text(json.dumps({
+        "do_sample": False, "temperature": 0.7, "top_p": 0.8, "top_k": 20, "min_p": 3,
+        "repetition_penalty": 1.05,  # min_p 3 is out of range: skipped
+    }))
+    assert load_checkpoint(str(tmp_path)).sampling_defaults == SamplingDefaults(
+        temperature=0.7, top_p=0.8, top_k=20, repetition_penalty=1.05)
+
+
+def test_the_default_model_has_its_cards_sampling_defaults() -> None:
+    own = SamplingDefaults(temperature=0.5)
+    assert checkpoint_sampling("default", own) == SamplingDefaults(temperature=0.2, top_p=0.9)
+    assert checkpoint_sampling("/models/x.gguf", own) == own
+
+
 def test_folder_without_weights(tmp_path: Path) -> None:
     transformers.LlamaConfig(**TINY).save_pretrained(tmp_path)
     with pytest.raises(CheckpointError, match="safetensors"):
@@ -161,7 +179,7 @@ def test_missing_and_bad_paths(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("config", "message"),
     [
-        (transformers.GPT2Config(), "model_type 'gpt2'.*llama, mistral, qwen2"),
+        (transformers.GPT2Config(), "model_type 'gpt2'.*llama, mistral, phi3, qwen2, qwen3"),
         (
             transformers.LlamaConfig(rope_scaling={"rope_type": "dynamic", "factor": 2.0}),
             "rope_scaling type 'dynamic'",
