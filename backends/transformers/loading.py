@@ -16,12 +16,8 @@ import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from backends.base import NO_SAMPLING_DEFAULTS, SamplingDefaults
-from backends.default_model import (
-    checkpoint_sampling,
-    read_generation_config,
-    resolve_model_path,
-    sampling_defaults,
-)
+from backends.default_model import checkpoint_sampling, resolve_model_path
+from backends.generation_config import read_generation_config, sampling_defaults
 from backends.machine.cpu_dtype import choose_dtype
 from backends.text.tokenizer import Tokenizer
 from backends.transformers.options import TransformersOptions

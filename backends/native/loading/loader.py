@@ -19,7 +19,7 @@ import transformers
 from safetensors import safe_open
 
 from backends.base import NO_SAMPLING_DEFAULTS, SamplingDefaults
-from backends.default_model import read_generation_config, sampling_defaults
+from backends.generation_config import read_generation_config, sampling_defaults
 from backends.native.loading import gguf_reader
 from backends.native.loading.startup_cache import StartupCache, reader_version
 from backends.native.models.support import UnsupportedModelError, check_supported
