@@ -3,6 +3,12 @@
 A step's tokens are flattened: first one query token per decoding sequence, then
 the prompt chunks of prefilling sequences. Metadata is built once per step and
 shared by every layer.
+
+Each layer attends with its own window (`window`: the last `window` positions, 0: all of them).
+A model has one window at most (its sliding layers'), so the metadata carries at most two
+masks: `mask` for the layers' common rule (full attention, or where every layer slides, the
+window) and, where a model mixes sliding and full layers (Gemma 3, Qwen2's
+`max_window_layers`), `window_mask` for the sliding ones. Every layer keeps every KV block.
 """
 
 from __future__ import annotations
@@ -33,9 +39,11 @@ class PrefillChunk:
     context_len: int  # cached + new tokens this chunk attends to
     block_table: torch.Tensor | None  # None when the chunk is the whole context (no cache read)
     mask: torch.Tensor | None  # additive [length, context_len] mask; None: plain causal
-    # Set instead of the two above where our C++ kernel attends (it reads the cache, causal)
+    # Set instead of the two above where our C++ kernel attends (it reads the cache, causal,
+    # and takes each layer's window itself)
     kernel_blocks: torch.Tensor | None = None  # the sequence's blocks covering the context
-    window: int = 0  # sliding window (0: none)
+    # The sliding layers' mask where their window cuts into the context (else `mask` serves)
+    window_mask: torch.Tensor | None = None
 
 
 @dataclass
@@ -45,9 +53,12 @@ class AttentionMetadata:
     num_decode: int  # decode rows come first
     decode_block_tables: torch.Tensor | None  # [B, max_blocks] (padded with block 0)
     decode_mask: torch.Tensor | None  # [B, max_blocks*block_size] additive, float32
-    decode_spans: list[tuple[int, int]] | None  # [start, end) of the positions each attends
+    # [start, end) of the positions each row attends in full; a sliding layer keeps the last
+    # `window` of them
+    decode_spans: list[tuple[int, int]] | None
     prefills: list[PrefillChunk]
     compiled: bool = False  # decode through the torch.compile'd fused kernel
+    decode_window_mask: torch.Tensor | None = None  # the sliding layers' (mixed models)
 
 
 @dataclass
@@ -59,6 +70,7 @@ class DecodeMetadata:
     slot_offsets: torch.Tensor  # [B]
     block_tables: torch.Tensor  # [B, max_blocks >= 2] (padded with block 0; masked)
     mask: torch.Tensor  # [B, max_blocks*block_size] additive, float32
+    window_mask: torch.Tensor | None = None  # the sliding layers' (mixed models)
 
 
 class KVCache:
@@ -94,34 +106,50 @@ class KVCache:
 def paged_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
     v_cache: torch.Tensor, meta: AttentionMetadata | DecodeMetadata, scale: float,
-    cpu_kernel: bool = False, cache_written: bool = False,
+    cpu_kernel: bool = False, cache_written: bool = False, window: int = 0,
 ) -> torch.Tensor:
     """q [T, H, D], k/v [T, KVH, D] (new tokens) -> [T, H, D]. Writes k/v into the cache.
     `cpu_kernel`: decode rows that would run compiled go through our C++ kernel instead
     (`attention_kernels_fit` said it is built and covers these shapes); prompt chunks do where
-    the model runner gave them `kernel_blocks`. `cache_written`: the caller wrote k/v."""
+    the model runner gave them `kernel_blocks`. `cache_written`: the caller wrote k/v.
+    `window`: the calling layer's sliding window (0: it attends every position)."""
     if not cache_written:
         k_cache[meta.slot_blocks, :, meta.slot_offsets] = k
         v_cache[meta.slot_blocks, :, meta.slot_offsets] = v
     if isinstance(meta, DecodeMetadata):  # traced into the whole-step graph: no nested compile
+        mask = layer_mask(meta.mask, meta.window_mask, window)
         if cpu_kernel:
             return torch.ops.switchyard_cpu.paged_decode_attention(
-                q, k_cache, v_cache, meta.block_tables, meta.mask, scale)
-        return _decode_fused(q, k_cache, v_cache, meta.block_tables, meta.mask, scale)
+                q, k_cache, v_cache, meta.block_tables, mask, scale)
+        return _decode_fused(q, k_cache, v_cache, meta.block_tables, mask, scale)
     parts = []
     if meta.num_decode:
-        parts.append(
-            _decode_attention(q[: meta.num_decode], k_cache, v_cache, meta, scale, cpu_kernel))
+        parts.append(_decode_attention(
+            q[: meta.num_decode], k_cache, v_cache, meta, scale, cpu_kernel, window))
     for chunk in meta.prefills:
         rows = slice(chunk.start, chunk.start + chunk.length)
         if chunk.kernel_blocks is not None:
             parts.append(torch.ops.switchyard_cpu.paged_prefill_attention(
-                q[rows], k_cache, v_cache, chunk.kernel_blocks, chunk.context_len, chunk.window,
+                q[rows], k_cache, v_cache, chunk.kernel_blocks, chunk.context_len, window,
                 scale))
         else:
-            parts.append(
-                _prefill_attention(q[rows], k[rows], v[rows], k_cache, v_cache, chunk, scale))
+            mask = layer_mask(chunk.mask, chunk.window_mask, window)
+            parts.append(_prefill_attention(
+                q[rows], k[rows], v[rows], k_cache, v_cache, chunk, mask, scale))
     return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def layer_mask(mask: torch.Tensor | None, window_mask: torch.Tensor | None,
+               window: int) -> torch.Tensor | None:
+    """The mask a layer with `window` attends by: the sliding layers' own where there is one."""
+    return window_mask if window and window_mask is not None else mask
+
+
+def windowed_spans(spans: list[tuple[int, int]], window: int) -> list[tuple[int, int]]:
+    """The last `window` positions of each [start, end) span (all of them for window 0)."""
+    if not window:
+        return spans
+    return [(max(start, end - window), end) for start, end in spans]
 
 
 def decode_mask(starts: torch.Tensor, ends: torch.Tensor, length: int) -> torch.Tensor:
@@ -153,11 +181,13 @@ def attention_kernels_fit(
 
 def _decode_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-    meta: AttentionMetadata, scale: float, cpu_kernel: bool,
+    meta: AttentionMetadata, scale: float, cpu_kernel: bool, window: int,
 ) -> torch.Tensor:
-    tables, mask = meta.decode_block_tables, meta.decode_mask
+    tables = meta.decode_block_tables
+    mask = layer_mask(meta.decode_mask, meta.decode_window_mask, window)
     if not meta.compiled:
-        return _decode_eager(q, k_cache, v_cache, tables, meta.decode_spans, scale)
+        spans = windowed_spans(meta.decode_spans, window)
+        return _decode_eager(q, k_cache, v_cache, tables, spans, scale)
     if cpu_kernel:
         return torch.ops.switchyard_cpu.paged_decode_attention(
             q, k_cache, v_cache, tables, mask, scale)
@@ -234,8 +264,9 @@ def _compiled_decode() -> Callable[..., torch.Tensor]:
 
 def _prefill_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-    v_cache: torch.Tensor, chunk: PrefillChunk, scale: float,
+    v_cache: torch.Tensor, chunk: PrefillChunk, mask: torch.Tensor | None, scale: float,
 ) -> torch.Tensor:
+    """`mask`: the chunk's, for this layer's window (None: plain causal over the new rows)."""
     if chunk.block_table is None:
         keys, values = k.transpose(0, 1), v.transpose(0, 1)  # [KVH, n, D]
     else:
@@ -243,7 +274,7 @@ def _prefill_attention(
         values = _gather(v_cache, chunk.block_table.unsqueeze(0))[0, :, : chunk.context_len]
     out = F.scaled_dot_product_attention(
         q.transpose(0, 1).unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0),
-        attn_mask=None if chunk.mask is None else chunk.mask.to(q.dtype),
-        is_causal=chunk.mask is None, scale=scale, enable_gqa=True,
+        attn_mask=None if mask is None else mask.to(q.dtype),
+        is_causal=mask is None, scale=scale, enable_gqa=True,
     )
     return out[0].transpose(0, 1)

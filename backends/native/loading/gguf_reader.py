@@ -4,7 +4,8 @@ llama.cpp's converter permutes the rows of llama's q/k projections (for its inte
 qwen2 and qwen3 are written as they are); we undo that exactly as transformers' own GGUF loader
 does, so the weights match `from_pretrained`. phi3's attn_qkv and ffn_up (gate then up) come
 fused, as in its checkpoints (models/phi3.py splits them); its LongRoPE factors, tensors here,
-go into the config.
+go into the config. gemma3's norm weights come with the 1 of Gemma's `(1 + weight)` added
+(its converter adds it); we take it off again.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ import transformers
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, ReaderTensor
 from gguf.quants import dequantize
 
+from backends.native.loading.gguf_rope import ROPE_FREQS, llama3_rope_scaling
 from backends.native.models.support import UnsupportedModelError
 from backends.quantized.gguf import KEPT_TYPES, GGUFRaw
 
-SUPPORTED_ARCHITECTURES = ("llama", "phi3", "qwen2", "qwen3")
+SUPPORTED_ARCHITECTURES = ("gemma3", "llama", "phi3", "qwen2", "qwen3")
 
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -53,7 +55,16 @@ _PHI3_NAMES = {
     "attn_qkv.weight": "self_attn.qkv_proj.weight",
     "ffn_up.weight": "mlp.gate_up_proj.weight",
 }
-_ARCH_NAMES = {"qwen2": _BIAS_NAMES, "qwen3": _QK_NORM_NAMES, "phi3": _PHI3_NAMES}
+_GEMMA3_NAMES = {
+    **_QK_NORM_NAMES,
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
+}
+_ARCH_NAMES = {"qwen2": _BIAS_NAMES, "qwen3": _QK_NORM_NAMES, "phi3": _PHI3_NAMES,
+               "gemma3": _GEMMA3_NAMES}
+GEMMA3_SWA_PATTERN = 6  # llama.cpp's default: every sixth layer global
+GEMMA3_SWA_BASE = 10000.0  # llama.cpp's default rotary base of the local layers
 _ROPE_FACTORS = {"long_factor": "rope_factors_long.weight",
                  "short_factor": "rope_factors_short.weight"}  # phi3: config, not weights
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.(.+)$")
@@ -128,17 +139,25 @@ def gguf_config(reader: GGUFReader) -> transformers.PretrainedConfig:
     }
     if arch == "phi3":
         return _phi3_config(reader, meta, kwargs, rope_dim / head_dim)
+    if arch == "gemma3":
+        return _gemma3_config(meta, kwargs, head_dim)
     if arch == "qwen2":
         return transformers.Qwen2Config(**kwargs)
     if arch == "qwen3":
         return transformers.Qwen3Config(head_dim=head_dim, **kwargs)
+    if ROPE_FREQS in names:  # Llama 3's scaling: a factor a frequency, not metadata
+        by_name = {t.name: t for t in reader.tensors}
+        kwargs["rope_scaling"] = llama3_rope_scaling(
+            dequantize_tensor(by_name[ROPE_FREQS]), kwargs["rope_theta"], rope_dim,
+            kwargs["max_position_embeddings"])
     return transformers.LlamaConfig(head_dim=head_dim, **kwargs)
 
 
 def config_from_dict(raw: dict[str, Any]) -> transformers.PretrainedConfig:
     """The config `gguf_config` built, from its `to_dict()` (as the startup cache keeps it).
     The concrete classes: transformers' AutoConfig machinery costs seconds to import."""
-    classes = {"llama": transformers.LlamaConfig, "phi3": transformers.Phi3Config,
+    classes = {"gemma3_text": transformers.Gemma3TextConfig,
+               "llama": transformers.LlamaConfig, "phi3": transformers.Phi3Config,
                "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config}
     return classes[raw["model_type"]].from_dict(raw)
 
@@ -162,6 +181,32 @@ def _phi3_config(
     window = int(meta("attention.sliding_window", 0) or 0)
     return transformers.Phi3Config(
         partial_rotary_factor=partial_rotary_factor, sliding_window=window or None, **kwargs)
+
+
+def _gemma3_config(meta: Any, kwargs: dict[str, Any],
+                   head_dim: int) -> transformers.Gemma3TextConfig:
+    """llama.cpp's gemma3 metadata: a window (0 or none: every layer global), its pattern (an
+    array of per-layer flags, or every n-th layer global), the local layers' rotary base, and
+    the attention scale it derives from the shapes (the 62-layer 27B: hidden / heads)."""
+    layers = kwargs["num_hidden_layers"]
+    window = int(meta("attention.sliding_window", 0) or 0)
+    pattern = meta("attention.sliding_window_pattern", GEMMA3_SWA_PATTERN)
+    if not window:
+        sliding = [False] * layers
+    elif isinstance(pattern, list):
+        sliding = [bool(flag) for flag in pattern][:layers]
+    else:
+        n = int(pattern)
+        sliding = [n == 0 or i % n < n - 1 for i in range(layers)]
+    scalar = (kwargs["hidden_size"] // kwargs["num_attention_heads"] if layers == 62
+              else head_dim)
+    softcap = meta("final_logit_softcapping")
+    return transformers.Gemma3TextConfig(
+        head_dim=head_dim, query_pre_attn_scalar=scalar, sliding_window=window or None,
+        layer_types=["sliding_attention" if s else "full_attention" for s in sliding],
+        rope_local_base_freq=float(meta("rope.freq_base_swa", GEMMA3_SWA_BASE)),
+        final_logit_softcapping=None if softcap is None else float(softcap),
+        hidden_activation="gelu_pytorch_tanh", **kwargs)
 
 
 def gguf_extra_eos_ids(reader: GGUFReader) -> list[int]:
@@ -268,7 +313,8 @@ def lm_head_kept(reader: GGUFReader) -> bool:
 
 
 def _config_only(arch: str, gguf_name: str) -> bool:
-    return arch == "phi3" and gguf_name in _ROPE_FACTORS.values()
+    return ((arch == "phi3" and gguf_name in _ROPE_FACTORS.values())
+            or (arch == "llama" and gguf_name == ROPE_FREQS))
 
 
 def _is_linear(name: str) -> bool:
@@ -295,6 +341,8 @@ def iter_gguf_tensors(
             weight = raw_tensor(tensor)
         else:
             weight = dequantize_tensor(tensor)
+        if arch == "gemma3" and name.endswith("norm.weight"):
+            weight = weight - 1.0  # norms are never kept quantized: a float32 tensor
         if arch == "llama" and name.endswith("q_proj.weight"):
             weight = _permute_rows(weight, config.num_attention_heads)
         elif arch == "llama" and name.endswith("k_proj.weight"):

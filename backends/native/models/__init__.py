@@ -5,11 +5,14 @@ from __future__ import annotations
 from torch import nn
 from transformers import PretrainedConfig
 
+from backends.native.models.gemma3 import Gemma3ForCausalLM
 from backends.native.models.llama import LlamaForCausalLM
 from backends.native.models.phi3 import Phi3ForCausalLM
 from backends.native.models.qwen3 import Qwen3ForCausalLM
+from backends.native.models.support import layer_windows
 
 ARCHITECTURES: dict[str, type[nn.Module]] = {
+    "gemma3_text": Gemma3ForCausalLM,
     "llama": LlamaForCausalLM,
     "mistral": LlamaForCausalLM,
     "phi3": Phi3ForCausalLM,
@@ -30,9 +33,6 @@ def build_model(config: PretrainedConfig, max_positions: int) -> nn.Module:
 
 
 def sliding_window(config: PretrainedConfig) -> int | None:
-    """Attention window the config asks for, or None for full attention (Mistral's and
-    Phi-3's cover every layer)."""
-    if config.model_type in ("qwen2", "qwen3") and not getattr(
-            config, "use_sliding_window", False):
-        return None
-    return getattr(config, "sliding_window", None) or None
+    """The window of the layers that slide (Mistral's and Phi-3's cover every layer; Gemma 3's
+    and Qwen2's some), or None where every layer attends fully (`layer_windows` says which)."""
+    return max(layer_windows(config), default=0) or None

@@ -20,7 +20,7 @@ from backends.native.layers.attention import (
     KVCache,
     paged_attention,
 )
-from backends.native.models.support import rope_type
+from backends.native.models.support import layer_windows, rope_type
 
 if TYPE_CHECKING:
     from backends.quantized.loading import QuantizedLinears
@@ -138,6 +138,7 @@ class LlamaAttention(nn.Module):
         self.head_dim = head_dim
         self.scale = head_dim**-0.5
         self.cpu_kernel = False  # attention through our C++ kernels (set at load)
+        self.window = 0  # sliding window in positions, 0: full attention (set per layer)
         qkv_bias = config.model_type == "qwen2" or bool(getattr(config, "attention_bias", False))
         kv_size = self.num_kv_heads * head_dim
         self.qkv_proj = FusedLinear(
@@ -151,7 +152,8 @@ class LlamaAttention(nn.Module):
         k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata | DecodeMetadata,
     ) -> torch.Tensor:
         q, k, v = self.project(x, cos, sin)
-        out = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale, self.cpu_kernel)
+        out = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale, self.cpu_kernel,
+                              window=self.window)
         return self.o_proj(out.reshape(x.shape[0], -1))
 
     def project(
@@ -240,6 +242,8 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if self.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+        for layer, window in zip(self.model.layers, layer_windows(config), strict=True):
+            layer.self_attn.window = window
 
     @property
     def num_kv_heads(self) -> int:

@@ -3,8 +3,8 @@ and of k (`q_norm`, `k_norm`, weights of size head_dim) between the projection a
 
 Everything else is Llama's: fused q/k/v and gate/up, the compiled layer halves
 (`before_attention` calls `project`), the prepacked and quantized linears. The fused C++
-decode layers (runner/fused_decode_layers.py) take only `LlamaDecoderLayer` itself, so a
-Qwen3 decode step runs the compiled layer region instead.
+decode layers (runner/fused_decode_layers.py) run this layer too, with their per-head q / k
+norm.
 """
 
 from __future__ import annotations

@@ -123,7 +123,7 @@ class CompiledPrefillStep:
                                    meta.slot_blocks, meta.slot_offsets)
             attention = paged_attention(q, k, v, k_caches[i], v_caches[i], meta,
                                         layer.self_attn.scale, layer.self_attn.cpu_kernel,
-                                        cache_written=True)
+                                        cache_written=True, window=layer.self_attn.window)
             if i == len(layers) - 1:
                 if logits_indices.shape[0] == 0:  # a prompt chunk alone, not its end
                     return x[:0]

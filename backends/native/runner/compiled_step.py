@@ -22,6 +22,9 @@ direct call runs the graph dynamo would have picked. The logits region is called
 way per batch size (its entry cost ~0.2 ms a step), and so is the embedding region per rows'
 shape (it returns flat tensors; the step builds the DecodeMetadata from them).
 
+A model whose layers mix sliding and full attention (Gemma 3, Qwen2 with `max_window_layers`)
+gets both masks from the embedding region; its two kinds of layer run graphs of their own.
+
 Models whose every layer the C++ decode layers cover (`fused_decode_layers.py`: float32 with
 all-4-bit int8-dot linears, the default model's GGUF path; bf16 with every linear on our bf16
 kernel) skip the layer region: one C++ call runs all layers between the embedding and logits
@@ -58,15 +61,21 @@ COMPILE_FAILURES = (torch._dynamo.exc.TorchDynamoException,
 
 
 def _embed(
-    model: nn.Module, rows: torch.Tensor, block_size: int,
+    model: nn.Module, rows: torch.Tensor, block_size: int, mixed: bool = False,
 ) -> tuple[torch.Tensor, ...]:
-    """rows [B, 4 + blocks]: token id, position, cache slot, first attended position, then
-    the block table of each row. Returns x, cos, sin and DecodeMetadata's fields but the
-    block tables (`rows[:, 4:]`, a view the caller takes): a flat tuple of the graph's own
-    outputs, so that later steps can call the graph directly."""
+    """rows [B, 4 + blocks]: token id, position, cache slot, first attended position (of a
+    sliding layer, where there are any), then the block table of each row. Returns x, cos,
+    sin and DecodeMetadata's fields but the block tables (`rows[:, 4:]`, a view the caller
+    takes): a flat tuple of the graph's own outputs, so that later steps can call the graph
+    directly. `mixed` (sliding and full layers): the full layers' mask, then the sliding
+    ones'."""
     ids, positions, slots, starts = rows[:, :4].unbind(1)
-    mask = decode_mask(starts, positions + 1, (rows.shape[1] - 4) * block_size)
+    length = (rows.shape[1] - 4) * block_size
+    mask = decode_mask(starts, positions + 1, length)
     x, cos, sin = model.embed(ids, positions)
+    if mixed:
+        full = decode_mask(torch.zeros_like(starts), positions + 1, length)
+        return x, cos, sin, slots // block_size, slots % block_size, full, mask
     return x, cos, sin, slots // block_size, slots % block_size, mask
 
 
@@ -201,17 +210,19 @@ class CompiledDecodeStep:
 
     def __init__(
         self, model: nn.Module, kv_cache: KVCache, sliding_window: int | None,
-        device: torch.device, greedy_head: GreedyHead | None = None,
+        device: torch.device, greedy_head: GreedyHead | None = None, mixed: bool = False,
     ) -> None:
+        """`sliding_window`: the sliding layers' window; `mixed`: other layers attend fully."""
         self.model, self.kv_cache = model, kv_cache
         self.block_size = kv_cache.block_size
-        self.sliding_window, self.device = sliding_window, device
+        self.sliding_window, self.device, self.mixed = sliding_window, device, mixed
         self.compiler = GraphCompiler()
         self.broken = False
         self._direct: dict[tuple[int, ...], tuple[DirectGraph, ...]] = {}  # rows' shape -> layers
         self._direct_logits: dict[tuple[int, ...], DirectGraph] = {}  # x's shape -> logits
         self._direct_embed: dict[tuple[int, ...], DirectGraph] = {}  # rows' shape -> embed
-        self.fused_layers = fused_decode_layers(model, kv_cache)  # the layers in one C++ call
+        # The layers in one C++ call; it takes one mask for all of them.
+        self.fused_layers = None if mixed else fused_decode_layers(model, kv_cache)
         self.greedy_head = greedy_head
         for cache in (*kv_cache.k, *kv_cache.v):  # fixed for the engine's life
             torch._dynamo.mark_static(cache)
@@ -251,8 +262,9 @@ class CompiledDecodeStep:
         x, cos, sin, meta = self._embedded(rows)
         for tensor in (x, cos, sin, meta.slot_blocks, meta.slot_offsets):
             _dynamic(tensor, *batch_dims)
-        for tensor in (meta.block_tables, meta.mask):
-            _dynamic(tensor, *batch_dims, 1)
+        for tensor in (meta.block_tables, meta.mask, meta.window_mask):
+            if tensor is not None:
+                _dynamic(tensor, *batch_dims, 1)
         graphs = self._direct.get(tuple(rows.shape))
         if self.fused_layers is not None and self.fused_layers.rows_fit(rows.shape[0]):
             x = self.fused_layers(x, cos, sin, meta)
@@ -275,14 +287,16 @@ class CompiledDecodeStep:
         graph = self._direct_embed.get(tuple(rows.shape))
         if graph is not None:
             outputs = graph.compiled(*graph.read_inputs(
-                {"model": self.model, "rows": rows, "block_size": self.block_size}))
+                {"model": self.model, "rows": rows, "block_size": self.block_size,
+                 "mixed": self.mixed}))
         else:
-            outputs = self._embed(self.model, rows, self.block_size)
+            outputs = self._embed(self.model, rows, self.block_size, self.mixed)
             direct = self.compiler.take_last(outputs)
             if direct is not None:
                 self._direct_embed[tuple(rows.shape)] = direct
-        x, cos, sin, slot_blocks, slot_offsets, mask = outputs
-        return x, cos, sin, DecodeMetadata(slot_blocks, slot_offsets, rows[:, 4:], mask)
+        x, cos, sin, slot_blocks, slot_offsets, mask, *window_mask = outputs
+        return x, cos, sin, DecodeMetadata(slot_blocks, slot_offsets, rows[:, 4:], mask,
+                                           *window_mask)
 
     def _logits_of(self, x: torch.Tensor) -> torch.Tensor:
         """The logits region (or the final hidden states', with a greedy head), called directly

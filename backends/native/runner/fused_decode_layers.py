@@ -1,12 +1,13 @@
-"""Every decoder layer of a decode step in one C++ call, for Llama-shaped models whose layers
-our kernels cover whole: float32 with all linears our 4-bit int8-dot weights (the default
-model's GGUF path; `switchyard_cpu::q4_decode_layers`, backends/cpu_kernels/decode_layers.cpp)
-or bf16 with all linears on our bf16 kernel (`switchyard_cpu::bf16_decode_layers`,
-bf16_decode_layers.cpp). The compiled layer region spent ~1.5 ms of the default model's ~10 ms
-batch-1 step between its kernels (the graph's Python wrapper, small inductor kernels and
-dispatcher calls a layer), ~1.5 ms of W1's 16-row bf16 step; these run the same kernels back
-to back. `fused_decode_layers` says None for any model neither covers, and the compiled region
-runs as before.
+"""Every decoder layer of a decode step in one C++ call, for Llama-shaped models (Llama's own
+layer, and Qwen3's with its per-head q / k norm) whose layers our kernels cover whole: float32
+with all linears our 4-bit int8-dot weights (the default model's GGUF path;
+`switchyard_cpu::q4_decode_layers`, backends/cpu_kernels/decode_layers.cpp) or bf16 with all
+linears on our bf16 kernel (`switchyard_cpu::bf16_decode_layers`, bf16_decode_layers.cpp).
+The compiled layer region spent ~1.5 ms of the default model's ~10 ms batch-1 step between
+its kernels (the graph's Python wrapper, small inductor kernels and dispatcher calls a layer),
+~1.5 ms of W1's 16-row bf16 step; these run the same kernels back to back.
+`fused_decode_layers` says None for any model neither covers, and the compiled region runs as
+before.
 """
 
 from __future__ import annotations
@@ -17,11 +18,18 @@ from torch import nn
 from backends.native.layers.attention import DecodeMetadata, KVCache
 from backends.native.layers.cpu_linear import PrepackedLinear
 from backends.native.models.llama import LlamaDecoderLayer, RMSNorm
+from backends.native.models.qwen3 import Qwen3DecoderLayer
 from backends.quantized.int4_linear import INT8_DOT_DENSE_MIN_ROWS, INT8_DOT_FINE, Int4Linear
 
 LINEARS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
-# A layer's modules, all of them: anything more (a q/k norm, a bias) is not in the C++ layer.
+QK_NORMS = ("self_attn.q_norm", "self_attn.k_norm")
+# A layer's modules, all of them: anything more (a bias is a parameter, checked on the linears)
+# is not in the C++ layer.
 LAYER_MODULES = {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm", *LINEARS}
+# The layer classes the C++ layers run, with their modules; Qwen3's per-head q / k norms are
+# the kernels' `qk_norm`.
+COVERED_LAYERS = {LlamaDecoderLayer: LAYER_MODULES,
+                  Qwen3DecoderLayer: LAYER_MODULES | set(QK_NORMS)}
 
 
 def fused_decode_layers(
@@ -37,13 +45,27 @@ def _covered_linear(module: nn.Module, group_size: int) -> bool:
             and module.group_size == group_size and module.dtype == torch.float32)
 
 
-def _covered_layer(layer: nn.Module, eps: float, group_size: int) -> bool:
+def _norms(layer: nn.Module) -> list[nn.Module]:
+    """Every RMSNorm the C++ layer applies: the two of the residual stream, and q / k's."""
+    names = ("input_layernorm", "post_attention_layernorm", *_qk_norm_names(layer))
+    return [layer.get_submodule(name) for name in names]
+
+
+def _qk_norm_names(layer: nn.Module) -> tuple[str, ...]:
+    return QK_NORMS if type(layer) is Qwen3DecoderLayer else ()
+
+
+def _layer_shape(layer: nn.Module, eps: float, dtype: torch.dtype) -> bool:
+    """The layer's class and modules are one the C++ layers run, its norms all of `eps` and
+    `dtype`, and its attention on our kernel."""
     modules = {name for name, _ in layer.named_modules() if name}
-    return (type(layer) is LlamaDecoderLayer and modules == LAYER_MODULES
-            and layer.self_attn.cpu_kernel
-            and all(type(norm) is RMSNorm and norm.eps == eps
-                    and norm.weight.dtype == torch.float32
-                    for norm in (layer.input_layernorm, layer.post_attention_layernorm))
+    return (COVERED_LAYERS.get(type(layer)) == modules and layer.self_attn.cpu_kernel
+            and all(type(norm) is RMSNorm and norm.eps == eps and norm.weight.dtype == dtype
+                    for norm in _norms(layer)))
+
+
+def _covered_layer(layer: nn.Module, eps: float, group_size: int) -> bool:
+    return (_layer_shape(layer, eps, torch.float32)
             and all(_covered_linear(layer.get_submodule(name), group_size) for name in LINEARS))
 
 
@@ -58,6 +80,7 @@ class FusedDecodeLayers:
         self.group_size = attention.qkv_proj.group_size
         self.k_caches, self.v_caches = list(kv_cache.k), list(kv_cache.v)
         self.weights = [tensor for layer in layers for tensor in _layer_weights(layer)]
+        self.qk_norm = type(first) is Qwen3DecoderLayer
 
     @classmethod
     def of(cls, model: nn.Module, kv_cache: KVCache) -> FusedDecodeLayers | None:
@@ -67,12 +90,13 @@ class FusedDecodeLayers:
         if not layers or not hasattr(torch.ops.switchyard_cpu, "q4_decode_layers"):
             return None
         first = layers[0]
-        if type(first) is not LlamaDecoderLayer or not isinstance(
+        if type(first) not in COVERED_LAYERS or not isinstance(
                 first.self_attn.qkv_proj, Int4Linear):
             return None
         eps, group_size = first.input_layernorm.eps, first.self_attn.qkv_proj.group_size
         if kv_cache.k[0].dtype != torch.float32 or not all(
-                _covered_layer(layer, eps, group_size) for layer in layers):
+                type(layer) is type(first) and _covered_layer(layer, eps, group_size)
+                for layer in layers):
             return None
         return cls(layers, kv_cache)
 
@@ -85,18 +109,22 @@ class FusedDecodeLayers:
         return torch.ops.switchyard_cpu.q4_decode_layers(
             x, cos, sin, meta.slot_blocks, meta.slot_offsets, meta.block_tables, meta.mask,
             self.k_caches, self.v_caches, self.weights, self.heads, self.kv_heads, self.eps,
-            self.scale, self.group_size, INT8_DOT_FINE)
+            self.scale, self.group_size, INT8_DOT_FINE, self.qk_norm)
 
 
 def _layer_weights(layer: nn.Module) -> list[torch.Tensor]:
-    """The 10 tensors a layer hands the C++ op, in its order."""
+    """The 10 tensors a layer hands the C++ op, in its order (then q / k norms: 12)."""
     attention, mlp = layer.self_attn, layer.mlp
     return [layer.input_layernorm.weight.detach(),
             attention.qkv_proj.packed, attention.qkv_proj.scale_zeros,
             attention.o_proj.packed, attention.o_proj.scale_zeros,
             layer.post_attention_layernorm.weight.detach(),
             mlp.gate_up_proj.packed, mlp.gate_up_proj.scale_zeros,
-            mlp.down_proj.packed, mlp.down_proj.scale_zeros]
+            mlp.down_proj.packed, mlp.down_proj.scale_zeros, *_qk_norm_weights(layer)]
+
+
+def _qk_norm_weights(layer: nn.Module) -> list[torch.Tensor]:
+    return [layer.get_submodule(name).weight.detach() for name in _qk_norm_names(layer)]
 
 
 def _bf16_linear(module: nn.Module, silu_mul: bool) -> bool:
@@ -105,13 +133,11 @@ def _bf16_linear(module: nn.Module, silu_mul: bool) -> bool:
 
 
 def _bf16_layer(layer: nn.Module, eps: float) -> bool:
-    modules = {name for name, _ in layer.named_modules() if name}
     attention, mlp = layer.self_attn, layer.mlp
-    return (type(layer) is LlamaDecoderLayer and modules == LAYER_MODULES
-            and attention.cpu_kernel and layer.input_layernorm.weight.numel() % 16 == 0
-            and all(type(norm) is RMSNorm and norm.eps == eps
-                    and norm.weight.dtype == torch.bfloat16
-                    for norm in (layer.input_layernorm, layer.post_attention_layernorm))
+    # The kernel's norms run 16 values at a time: the hidden size, and the head size if normed.
+    sixteens = layer.input_layernorm.weight.numel() % 16 == 0 and (
+        not _qk_norm_names(layer) or attention.head_dim % 16 == 0)
+    return (_layer_shape(layer, eps, torch.bfloat16) and sixteens
             and _bf16_linear(attention.qkv_proj, False) and _bf16_linear(attention.o_proj, False)
             and _bf16_linear(mlp.gate_up_proj, True) and _bf16_linear(mlp.down_proj, False))
 
@@ -127,7 +153,9 @@ class Bf16DecodeLayers:
         self.weights = [tensor for layer in layers for tensor in (
             layer.input_layernorm.weight.detach(), layer.self_attn.qkv_proj.packed,
             layer.self_attn.o_proj.packed, layer.post_attention_layernorm.weight.detach(),
-            layer.mlp.gate_up_proj.packed, layer.mlp.down_proj.packed)]
+            layer.mlp.gate_up_proj.packed, layer.mlp.down_proj.packed,
+            *_qk_norm_weights(layer))]
+        self.qk_norm = type(layers[0]) is Qwen3DecoderLayer
 
     @classmethod
     def of(cls, model: nn.Module, kv_cache: KVCache) -> Bf16DecodeLayers | None:
@@ -138,8 +166,9 @@ class Bf16DecodeLayers:
         if not layers or built is None or not built() or kv_cache.k[0].dtype != torch.bfloat16:
             return None
         first = layers[0]
-        if type(first) is not LlamaDecoderLayer or not all(
-                _bf16_layer(layer, first.input_layernorm.eps) for layer in layers):
+        if type(first) not in COVERED_LAYERS or not all(
+                type(layer) is type(first) and _bf16_layer(layer, first.input_layernorm.eps)
+                for layer in layers):
             return None
         return cls(layers, kv_cache)
 
@@ -152,4 +181,4 @@ class Bf16DecodeLayers:
         return torch.ops.switchyard_cpu.bf16_decode_layers(
             x, cos, sin, meta.slot_blocks, meta.slot_offsets, meta.block_tables, meta.mask,
             self.k_caches, self.v_caches, self.weights, self.heads, self.kv_heads, self.eps,
-            self.scale)
+            self.scale, self.qk_norm)

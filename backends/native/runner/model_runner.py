@@ -14,6 +14,7 @@ from backends.native.layers.attention import (
     KVCache,
     PrefillChunk,
     decode_mask,
+    windowed_spans,
 )
 from backends.native.runner.compiled_prefill import CompiledPrefillStep
 from backends.native.runner.compiled_step import CompiledDecodeStep
@@ -41,7 +42,9 @@ class ModelRunner:
         self.kv_cache = kv_cache
         self.block_size = kv_cache.block_size
         self.device = device
-        self.sliding_window = sliding_window
+        self.sliding_window = sliding_window or 0  # the sliding layers' window (0: none)
+        # Some layers slide and some attend fully: the metadata carries both layers' masks.
+        self.mixed_windows = mixed_windows(model)
         self.compiled = compiled
         # Prompt attention through our C++ kernel (set at load where it fits): no masks needed.
         self.kernel_prefill = any(getattr(m, "cpu_kernel", False) for m in model.modules())
@@ -51,7 +54,8 @@ class ModelRunner:
         # Decode-only steps: the forward as compiled regions (mixed steps stay eager, with the
         # compiled decode attention kernel).
         self.decode_step = (
-            CompiledDecodeStep(model, kv_cache, sliding_window, device, head)
+            CompiledDecodeStep(model, kv_cache, self.sliding_window, device, head,
+                               self.mixed_windows)
             if whole_step and hasattr(model, "embed") and hasattr(model, "logits") else None
         )
         # Steps with prompt chunks: each layer's work around its eager attention compiled.
@@ -141,8 +145,7 @@ class ModelRunner:
 
     def _decode_metadata(self, meta: AttentionMetadata, seqs: list[Sequence]) -> None:
         context_lens = [s.num_computed_tokens + 1 for s in seqs]
-        window = self.sliding_window or max(context_lens)
-        meta.decode_spans = [(max(0, n - window), n) for n in context_lens]
+        meta.decode_spans = [(0, n) for n in context_lens]
         max_blocks = max(-(-n // self.block_size) for n in context_lens)
         if self.compiled:  # at least two blocks: one compiled graph serves every length
             max_blocks = max(max_blocks, 2)
@@ -150,7 +153,12 @@ class ModelRunner:
                   for s in seqs]
         meta.decode_block_tables = self._tensor(tables)
         if self.compiled:
-            meta.decode_mask = self._decode_mask(meta.decode_spans, max_blocks)
+            windowed = windowed_spans(meta.decode_spans, self.sliding_window)
+            if self.mixed_windows:
+                meta.decode_mask = self._decode_mask(meta.decode_spans, max_blocks)
+                meta.decode_window_mask = self._decode_mask(windowed, max_blocks)
+            else:  # every layer attends alike: fully, or through the one window
+                meta.decode_mask = self._decode_mask(windowed, max_blocks)
 
     def _decode_mask(self, spans: list[tuple[int, int]], max_blocks: int) -> torch.Tensor:
         """Additive [B, max_blocks * block_size] mask: 0 inside each span, -inf elsewhere."""
@@ -160,21 +168,30 @@ class ModelRunner:
     def _prefill_chunk(self, seq: Sequence, start: int, n: int) -> PrefillChunk:
         computed = seq.num_computed_tokens
         context = computed + n
-        window = self.sliding_window or 0
         if self.kernel_prefill and context <= KERNEL_PREFILL_MAX_CONTEXT:
             blocks = self._tensor(seq.block_table[: -(-context // self.block_size)])
-            return PrefillChunk(start, n, context, None, None, blocks, window)
-        whole = computed == 0 and not (self.sliding_window and self.sliding_window < n)
-        if whole:
-            return PrefillChunk(start, n, context, None, None)
+            return PrefillChunk(start, n, context, None, None, blocks)
+        # Without cached positions the chunk attends over its own new k/v (plain causal).
+        table = None if computed == 0 else self._tensor(
+            seq.block_table[: -(-context // self.block_size)])
+        mask = None if computed == 0 else self._prefill_mask(computed, context, 0)
+        window = self.sliding_window
+        window_mask = self._prefill_mask(computed, context, window) if (
+            window and context > window) else None
+        return PrefillChunk(start, n, context, table, mask, window_mask=window_mask)
+
+    def _prefill_mask(self, computed: int, context: int, window: int) -> torch.Tensor:
+        """Additive [context - computed, context] mask: causal, within `window` if not 0."""
         q_pos = torch.arange(computed, context, device=self.device).unsqueeze(1)
         k_pos = torch.arange(context, device=self.device).unsqueeze(0)
         allowed = k_pos <= q_pos
-        if self.sliding_window:
-            allowed &= k_pos > q_pos - self.sliding_window
+        if window:
+            allowed &= k_pos > q_pos - window
         mask = torch.zeros(allowed.shape, dtype=torch.float32, device=self.device)
-        mask.masked_fill_(~allowed, float("-inf"))
-        table = self._tensor(seq.block_table[: -(-context // self.block_size)])
-        if computed == 0:  # window case without cache: attend over the new k/v directly
-            table = None
-        return PrefillChunk(start, n, context, table, mask)
+        return mask.masked_fill_(~allowed, float("-inf"))
+
+
+def mixed_windows(model: nn.Module) -> bool:
+    """Whether some of the model's layers slide and others attend fully."""
+    windows = {m.window for m in model.modules() if hasattr(m, "window")}
+    return len(windows) > 1

@@ -179,14 +179,16 @@ def test_missing_and_bad_paths(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("config", "message"),
     [
-        (transformers.GPT2Config(), "model_type 'gpt2'.*llama, mistral, phi3, qwen2, qwen3"),
+        (transformers.GPT2Config(),
+         "model_type 'gpt2'.*gemma3_text, llama, mistral, phi3, qwen2, qwen3"),
         (
             transformers.LlamaConfig(rope_scaling={"rope_type": "dynamic", "factor": 2.0}),
             "rope_scaling type 'dynamic'",
         ),
         (transformers.LlamaConfig(mlp_bias=True), "mlp_bias"),
         (transformers.LlamaConfig(hidden_act="gelu"), "hidden_act 'gelu'"),
-        (transformers.Qwen2Config(use_sliding_window=True), "use_sliding_window"),
+        (transformers.Qwen2Config(layer_types=["chunked_attention"] * 32),
+         "layer_types chunked_attention"),
     ],
 )
 def test_unsupported_configs_refused(config: transformers.PretrainedConfig, message: str) -> None:
@@ -208,6 +210,7 @@ def test_unsupported_configs_refused(config: transformers.PretrainedConfig, mess
         ),
         transformers.MistralConfig(sliding_window=4096),
         transformers.Qwen2Config(),
+        transformers.Qwen2Config(use_sliding_window=True, max_window_layers=4),
     ],
 )
 def test_supported_configs_accepted(config: transformers.PretrainedConfig) -> None:
@@ -393,9 +396,9 @@ def test_gguf_unknown_architecture_refused(tmp_path: Path) -> None:
 
 def test_gguf_unknown_tensor_refused(tmp_path: Path) -> None:
     config, state = _tiny_llama_state()
-    extra = {"rope_freqs.weight": (np.ones(8, dtype=np.float32), None)}
+    extra = {"blk.0.attn_sinks.weight": (np.ones(4, dtype=np.float32), None)}
     write_gguf(tmp_path / "x.gguf", "llama", config, state, extra)
-    with pytest.raises(UnsupportedModelError, match="rope_freqs.weight"):
+    with pytest.raises(UnsupportedModelError, match=r"blk\.0\.attn_sinks\.weight"):
         load_checkpoint(str(tmp_path / "x.gguf"))
 
 

@@ -17,7 +17,7 @@ from backends.native.loading.loader import load_checkpoint
 from backends.native.loading.startup_cache import open_cache
 from backends.native.models import sliding_window
 from backends.native.models.qwen3 import Qwen3DecoderLayer
-from backends.native.models.support import UnsupportedModelError, check_supported
+from backends.native.models.support import check_supported, layer_windows
 from tests.native.models.tiny import TINY, VOCAB, write_qwen3_gguf, write_tiny
 from tests.native.test_parity import (
     GREEDY,
@@ -96,8 +96,9 @@ def test_alone_and_batched_match_transformers_on_the_fast_path(
     assert _tokens(engine, prompts) == expected
     assert_all_blocks_free(engine)
     decode, prefill = engine.runner.decode_step, engine.runner.prefill_step
-    # The C++ decode layers take Llama's layer only: Qwen3's run the compiled layer region,
-    # compiled once for batch 1 and once for a dynamic batch (beside embed and logits).
+    # float32 dense linears are not the C++ decode layers' (4-bit or bf16 kernel): the compiled
+    # layer region, compiled once for batch 1 and once for a dynamic batch (beside embed and
+    # logits).
     assert decode is not None and not decode.broken and decode.fused_layers is None
     assert decode.num_graphs == 6
     assert prefill is not None and not prefill.broken and prefill.num_graphs >= 2
@@ -156,7 +157,7 @@ def test_bf16_logits_near_float32(
     folder: Path, engine: LLMEngine, prompts: list[list[int]],
 ) -> None:
     bf16 = make_engine(folder, dtype="bfloat16")
-    assert bf16.runner.decode_step.fused_layers is None  # the C++ bf16 layers refuse Qwen3's
+    # On an AVX-512-BF16 CPU the C++ bf16 decode layers run it (test_qwen3_fused.py).
     worst = 0.0
     for prompt in prompts[1:4]:
         want_tokens, want = native_greedy(engine, prompt, steps=6)
@@ -168,10 +169,10 @@ def test_bf16_logits_near_float32(
     assert worst <= BF16_TOLERANCE, worst
 
 
-def test_qwen3_sliding_window_refused() -> None:
-    check_supported(qwen3_config())
+def test_qwen3_sliding_window_from_max_window_layers() -> None:
+    """The window covers the layers from max_window_layers on (test_sliding_window.py runs
+    such a model); without use_sliding_window none."""
     assert sliding_window(qwen3_config(sliding_window=64)) is None  # not used without the flag
     windowed = qwen3_config(use_sliding_window=True, sliding_window=64, max_window_layers=1)
-    with pytest.raises(UnsupportedModelError,
-                       match="Qwen3 with use_sliding_window=True.*--backend transformers"):
-        check_supported(windowed)
+    check_supported(windowed)
+    assert layer_windows(windowed) == [0, 64]

@@ -74,6 +74,24 @@ def write_phi3_gguf(path: Path, folder: Path, tokenizer_gguf: str) -> Path:
     return _finish(writer, path, folder, gguf.MODEL_ARCH.PHI3, config)
 
 
+def write_gemma3_gguf(path: Path, folder: Path, tokenizer_gguf: str) -> Path:
+    """`folder`'s weights under llama.cpp's gemma3 names with every norm weight plus 1, and
+    the metadata its Gemma3 converter writes: the global layers' rotary base and linear
+    scaling, the window, no pattern and no local base (llama.cpp's defaults: every sixth
+    layer global, base 10000)."""
+    config = AutoModelForCausalLM.from_pretrained(folder).config
+    writer = _writer(path, gguf.MODEL_ARCH.GEMMA3, config, tokenizer_gguf)
+    writer.add_key_length(config.head_dim)
+    writer.add_value_length(config.head_dim)
+    writer.add_sliding_window(config.sliding_window)
+    rope = config.rope_parameters["full_attention"]
+    if rope.get("rope_type") == "linear":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(rope["factor"])
+    return _finish(writer, path, folder, gguf.MODEL_ARCH.GEMMA3, config,
+                   shift=lambda name: 1.0 if name.endswith("norm.weight") else 0.0)
+
+
 def _writer(path: Path, arch: gguf.MODEL_ARCH, config: PretrainedConfig,
             tokenizer_gguf: str) -> gguf.GGUFWriter:
     writer = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[arch])
@@ -84,20 +102,22 @@ def _writer(path: Path, arch: gguf.MODEL_ARCH, config: PretrainedConfig,
     writer.add_feed_forward_length(config.intermediate_size)
     writer.add_head_count(config.num_attention_heads)
     writer.add_head_count_kv(config.num_key_value_heads)
-    writer.add_rope_freq_base(float(config.rope_parameters["rope_theta"]))
+    rope = config.rope_parameters  # Gemma 3's: one set per kind of layer, the global's here
+    writer.add_rope_freq_base(float(rope.get("full_attention", rope)["rope_theta"]))
     writer.add_layer_norm_rms_eps(float(config.rms_norm_eps))
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     return writer
 
 
 def _finish(writer: gguf.GGUFWriter, path: Path, folder: Path, arch: gguf.MODEL_ARCH,
-            config: PretrainedConfig) -> Path:
+            config: PretrainedConfig, shift: Callable[[str], float] = lambda name: 0.0) -> Path:
+    """`shift(name)`: what the converter adds to that tensor."""
     names = gguf.get_tensor_name_map(arch, config.num_hidden_layers)
     # The saved file, not the model's state: a tied lm_head is not in it (no output.weight).
     for name, tensor in load_file(str(folder / "model.safetensors")).items():
         gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
         assert gguf_name is not None, name
-        writer.add_tensor(gguf_name, tensor.float().numpy().astype(np.float32))
+        writer.add_tensor(gguf_name, (tensor.float() + shift(name)).numpy().astype(np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
