@@ -4,6 +4,8 @@ process:
 
     switchyard_cpu::q4_mm             int8_dot.cpp: 4-bit weights x int8 inputs
     switchyard_cpu::q8_mm             q8_dot.cpp: 8-bit weights (GGUF Q8_0) x int16 inputs
+    switchyard_cpu::kquant_mm         kquant_dot.cpp: GGUF Q5_0 / Q5_1 / Q5_K / Q6_K as stored
+    switchyard_cpu::kquant_dequantize  the same blocks as a dense [N, K]
     switchyard_cpu::q4_dequantize_kn  int4_dequant.cpp: the same weights as a dense [K, N]
     switchyard_cpu::paged_decode_attention  paged_attention.cpp: decode rows over KV blocks
     switchyard_cpu::paged_prefill_attention  prefill_attention.cpp: a prompt chunk, causal
@@ -61,6 +63,7 @@ log = logging.getLogger(__name__)
 SOURCES: dict[Path, tuple[str, ...]] = {
     Path(__file__).with_name("int8_dot.cpp"): (),
     Path(__file__).with_name("q8_dot.cpp"): (),
+    Path(__file__).with_name("kquant_dot.cpp"): (),
     Path(__file__).with_name("int4_dequant.cpp"): (),
     Path(__file__).with_name("paged_attention.cpp"): (),
     Path(__file__).with_name("prefill_attention.cpp"): (),
@@ -281,6 +284,16 @@ def _register_fake() -> None:
     @torch.library.register_fake("switchyard_cpu::q8_mm")
     def _q8_mm(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
         return x.new_empty(x.shape[0], packed.shape[0] * 16)
+
+    @torch.library.register_fake("switchyard_cpu::kquant_mm")
+    def _kquant_mm(x: torch.Tensor, blocks: torch.Tensor, type: int,
+                   in_features: int) -> torch.Tensor:
+        return x.new_empty(x.shape[0], blocks.shape[0])
+
+    @torch.library.register_fake("switchyard_cpu::kquant_dequantize")
+    def _kquant_dequantize(blocks: torch.Tensor, type: int, in_features: int,
+                           dtype: torch.dtype) -> torch.Tensor:
+        return blocks.new_empty(blocks.shape[0], in_features, dtype=dtype)
 
     @torch.library.register_fake("switchyard_cpu::q4_dequantize_kn")
     def _q4_dequantize_kn(packed: torch.Tensor, scale_zero: torch.Tensor, group_size: int,

@@ -12,6 +12,10 @@ namespace switchyard {
 at::Tensor q4_matmul(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale_zero,
                      int64_t group_size, bool fine);
 
+// kquant_dot.cpp's switchyard_cpu::kquant_mm (GGUF blocks as stored; type: ggml's id).
+at::Tensor kquant_matmul(const at::Tensor& x, const at::Tensor& blocks, int64_t type,
+                         int64_t in_features);
+
 // bf16_linear.cpp's switchyard_cpu::bf16_linear (no bias) and, with silu_mul,
 // switchyard_cpu::bf16_silu_mul_linear.
 at::Tensor bf16_matmul(const at::Tensor& x, const at::Tensor& packed, bool silu_mul);

@@ -146,6 +146,7 @@ class NativeBackend:
                 "device": loaded.device.type,
                 "dtype_reason": loaded.dtype_reason,
                 "cpu_kernels": loaded.cpu_kernels,  # avx512-bf16 / avx512 / avx2 / none (why)
+                "gguf_formats": loaded.gguf_formats.report() if loaded.gguf_formats else None,
                 "max_batch_total_tokens": loaded.num_blocks * self.config.block_size,
                 "max_batch_size": self.config.max_batch_size,
                 "max_batch_prefill_tokens": self.config.max_batch_prefill_tokens,

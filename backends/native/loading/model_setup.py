@@ -32,6 +32,7 @@ from backends.native.loading.tokenizer_loading import load_tokenizer
 from backends.native.models import build_model, sliding_window
 from backends.native.models.support import check_supported
 from backends.quantized.config import GGUFConfig, QuantConfig, resolve_quantization
+from backends.quantized.gguf import GGUFFormats, gguf_formats
 from backends.quantized.loading import QuantizedLinears, prepare_model
 from backends.quantized.resident import resident_bytes
 from backends.text.tokenizer import Tokenizer
@@ -55,7 +56,7 @@ class LoadedModel:
     num_blocks: int
     device: torch.device
     dtype: torch.dtype
-    sliding_window: int | None
+    sliding_window: int | None  # the sliding layers' window (each layer knows whether it slides)
     max_input_tokens: int
     max_total_tokens: int
     weight_bytes: int  # resident bytes of the weights (quantized ones as packed)
@@ -63,6 +64,7 @@ class LoadedModel:
     dtype_reason: str = ""  # why this dtype (auto's decision, or a slow explicit one)
     cpu_kernels: str | None = None  # our CPU kernels' variant, or `none (<why>)`; None: GPU
     sampling_defaults: SamplingDefaults = NO_SAMPLING_DEFAULTS  # the checkpoint's own
+    gguf_formats: GGUFFormats | None = None  # GGUF: the types kept packed, tensors dequantized
 
 
 def load_model(config: EngineConfig) -> LoadedModel:
@@ -113,6 +115,7 @@ def load_model(config: EngineConfig) -> LoadedModel:
         sliding_window(hf_config), max_input, max_total, weight_bytes, quantization,
         dtype_choice.reason, cpu_kernels,
         checkpoint_sampling(config.model, checkpoint.sampling_defaults),
+        gguf_formats(model) if isinstance(quant, GGUFConfig) else None,
     )
 
 
