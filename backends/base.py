@@ -111,12 +111,17 @@ class GenerationRequest:
     add_generation_prompt: bool = True
     # Function tools, in OpenAI's `tools` shape, handed to the chat template.
     tools: list[dict[str, Any]] | None = None
+    # Extra variables for the chat template (e.g. Qwen3's `enable_thinking`).
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
 class Usage:
     prompt_tokens: int
     completion_tokens: int
+    # Of the completion tokens, those of a thinking model's reasoning (its think markers
+    # included); None for a model that does not reason.
+    reasoning_tokens: int | None = None
 
     @property
     def total_tokens(self) -> int:
@@ -162,6 +167,15 @@ class StepTiming:
 
 
 @dataclass(frozen=True)
+class ReasoningSplit:
+    """An event's text of a thinking model, split: its reasoning and its answer (`content`),
+    the think markers dropped."""
+
+    reasoning: str = ""
+    content: str = ""
+
+
+@dataclass(frozen=True)
 class GenerationEvent:
     """A text delta of choice `index`.
 
@@ -182,6 +196,9 @@ class GenerationEvent:
     # The prompt's tokens with their logprobs (the first has none), when
     # `prompt_logprobs` was asked; on the first event of choice 0.
     prompt_tokens: tuple[TokenInfo, ...] | None = None
+    # A thinking model's `text` split into reasoning and content (None: the model does not
+    # reason, `text` is all content). `text` stays the text as generated, markers included.
+    split: ReasoningSplit | None = None
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,14 @@ from typing import Any, TypeVar
 import anyio
 from starlette.types import Receive
 
-from backends.base import Backend, GenerationEvent, GenerationRequest, TokenInfo, Usage
+from backends.base import (
+    Backend,
+    GenerationEvent,
+    GenerationRequest,
+    ReasoningSplit,
+    TokenInfo,
+    Usage,
+)
 from backends.events import close_events
 from gateway.errors import OpenAIError, internal_error, to_openai_error
 from gateway.metrics import GenerationTrace
@@ -55,12 +62,19 @@ class Collected:
     usage: Usage | None = None
     last: GenerationEvent | None = None  # the finishing event (stop_reason, seed, timings)
     seen: bool = False  # any event arrived for this choice
+    # A thinking model's text, split (`text` stays as generated): None for other models.
+    reasoning: list[str] | None = None
+    content: list[str] | None = None
 
     def add(self, event: GenerationEvent) -> bool:
         """Fold one event in; True when it finished this choice."""
         self.seen = True
         self.text.append(event.text)
         self.tokens.extend(event.tokens)
+        if event.split is not None:
+            self._add_split(event.split)
+        elif self.content is not None:  # an upstream's answer after its reasoning
+            self.content.append(event.text)
         if event.finish_reason is None:
             return False
         self.finish_reason = event.finish_reason
@@ -68,8 +82,18 @@ class Collected:
         self.last = event
         return True
 
+    def _add_split(self, split: ReasoningSplit) -> None:
+        if self.reasoning is None or self.content is None:
+            # What came before without a split was content (an upstream's, say).
+            self.reasoning, self.content = [], self.text[:-1]
+        self.reasoning.append(split.reasoning)
+        self.content.append(split.content)
+
     def completion_tokens(self) -> int:
         return self.usage.completion_tokens if self.usage is not None else len(self.tokens)
+
+    def reasoning_tokens(self) -> int | None:
+        return self.usage.reasoning_tokens if self.usage is not None else None
 
 
 class Choices:
@@ -119,7 +143,9 @@ class Choices:
         finals = [c.usage for c in self.items if c.usage is not None]
         # The contract puts usage on the last event; recount if a backend forgot.
         prompt = finals[0].prompt_tokens if finals else gen.backend.count_tokens(gen.request)
-        return Usage(prompt, sum(c.completion_tokens() for c in self.items))
+        reasoning = [r for r in (c.reasoning_tokens() for c in self.items) if r is not None]
+        return Usage(prompt, sum(c.completion_tokens() for c in self.items),
+                     sum(reasoning) if reasoning else None)
 
 
 def as_openai_error(exc: Exception) -> OpenAIError:
@@ -207,7 +233,8 @@ async def stream(gen: Generation, formatter: Formatter) -> AsyncIterator[bytes]:
         event = gen.first
         while event is not None:
             done = got.add(gen, event)
-            for chunk in formatter.delta_chunks(event.index, event.text, event.tokens):
+            for chunk in formatter.delta_chunks(event.index, event.text, event.tokens,
+                                                event.split):
                 yield sse(chunk)
             if got.failure() is not None:
                 break

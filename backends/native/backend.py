@@ -369,7 +369,8 @@ class NativeBackend:
 
 
 def _event(output: RequestOutput) -> GenerationEvent:
-    usage = Usage(output.prompt_tokens, output.completion_tokens) if output.finished else None
+    usage = Usage(output.prompt_tokens, output.completion_tokens,
+                  output.reasoning_tokens) if output.finished else None
     return GenerationEvent(
         text=output.text,
         tokens=tuple(output.tokens),
@@ -382,4 +383,5 @@ def _event(output: RequestOutput) -> GenerationEvent:
         prompt_tokens=(
             None if output.prompt_token_infos is None else tuple(output.prompt_token_infos)
         ),
+        split=output.split,
     )

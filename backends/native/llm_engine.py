@@ -120,7 +120,7 @@ class LLMEngine:
             seq.status = SequenceStatus.NEW
         self.choice_outputs.start(seq)
         if grammar is not None:
-            seq.grammar = grammar.matcher()
+            seq.grammar = self.grammars.matcher(grammar, prompt)
         if not sampling.is_greedy:  # TGI reports the seed a sampled request used
             seed = sampling.seed + index if sampling.seed is not None else random.getrandbits(63)
             seq.seed, seq.generator = seed, torch.Generator().manual_seed(seed)

@@ -7,10 +7,11 @@ from dataclasses import dataclass
 
 import torch
 
-from backends.base import RequestTimings, TokenInfo, TopLogprob
+from backends.base import ReasoningSplit, RequestTimings, TokenInfo, TopLogprob
 from backends.native.sampling.logprobs import prompt_token_infos
 from backends.native.scheduling.sequence import OutputState, Sequence
 from backends.text.detokenizer import IncrementalDetokenizer
+from backends.text.reasoning import ReasoningSplitter
 from backends.text.stop_checker import StopChecker
 from backends.text.token_texts import TokenTexts
 from backends.text.tokenizer import Tokenizer
@@ -33,6 +34,10 @@ class RequestOutput:
     index: int = 0
     # The prompt's tokens with logprobs (prompt_logprobs asked): on choice 0's first output.
     prompt_token_infos: list[TokenInfo] | None = None
+    # A thinking model's `text` split into reasoning and content, and (once finished) its
+    # reasoning tokens; None for a model that does not reason.
+    split: ReasoningSplit | None = None
+    reasoning_tokens: int | None = None
 
 
 class ChoiceOutputs:
@@ -43,8 +48,13 @@ class ChoiceOutputs:
         self.token_texts = TokenTexts(tokenizer)
 
     def start(self, seq: Sequence) -> None:
-        seq.output = OutputState(IncrementalDetokenizer(self.tokenizer, seq.prompt_token_ids),
-                                 StopChecker(seq.sampling.stop))
+        markers = self.tokenizer.reasoning_markers
+        seq.output = OutputState(
+            IncrementalDetokenizer(self.tokenizer, seq.prompt_token_ids),
+            StopChecker(seq.sampling.stop),
+            reasoning=None if markers is None else ReasoningSplitter(markers,
+                                                                     seq.prompt_token_ids),
+        )
 
     def token(
         self, seq: Sequence, token: int, logprob: float | None, top: list[tuple[int, float]],
@@ -53,6 +63,8 @@ class ChoiceOutputs:
         completed a stop string."""
         state = _state(seq)
         piece = state.detokenizer.add(token)
+        if state.reasoning is not None:
+            state.reasoning.token(token, piece)
         text, stopped = state.stops.feed(piece)
         logprobs = seq.sampling.logprobs
         info = TokenInfo(
@@ -108,9 +120,13 @@ def request_output(seq: Sequence, text: str, tokens: list[TokenInfo]) -> Request
         seq.group_id, text, tokens, seq.is_finished, seq.finish_reason, seq.stop_reason,
         seq.num_prompt_tokens, seq.num_output_tokens, index=seq.index,
     )
+    splitter = seq.output.reasoning if seq.output is not None else None
+    if splitter is not None:
+        output.split = splitter.release(text)
     if seq.is_finished:
         output.timings = _timings(seq)
         output.seed = seq.seed
+        output.reasoning_tokens = None if splitter is None else splitter.reasoning_tokens
     return output
 
 

@@ -16,6 +16,7 @@ from backends.base import (
     FinishReason,
     GenerationEvent,
     GenerationRequest,
+    ReasoningSplit,
     TokenInfo,
     TopLogprob,
     Usage,
@@ -84,7 +85,9 @@ def _usage(data: Any) -> Usage:
     prompt, completion = data.get("prompt_tokens"), data.get("completion_tokens")
     if not isinstance(prompt, int) or not isinstance(completion, int):
         raise malformed(f"usage lacks integer token counts: {data!r}")
-    return Usage(prompt, completion)
+    details = data.get("completion_tokens_details")
+    reasoning = details.get("reasoning_tokens") if isinstance(details, dict) else None
+    return Usage(prompt, completion, reasoning if isinstance(reasoning, int) else None)
 
 
 def split_total(total: int, weights: list[int]) -> list[int]:
@@ -142,15 +145,30 @@ class ChunkReader:
             raise malformed(f"a choice's index {index!r} is not one of the {self.n} asked for")
         state = self.choices.setdefault(index, _Choice())
         text, tokens = self._content(choice)
+        reasoning = self._reasoning(choice)
         if choice.get("finish_reason"):
             state.finish = str(choice["finish_reason"])
             state.stop_reason = choice.get("stop_reason")
             state.stop_reason_sent = "stop_reason" in choice
-        if not text and not tokens:
+        if not text and not tokens and not reasoning:
             return None
         state.text.append(text)
         state.tokens += len(tokens)
-        return GenerationEvent(text=text, tokens=tokens, index=index)
+        split = ReasoningSplit(reasoning, text) if reasoning else None
+        return GenerationEvent(text=text, tokens=tokens, index=index, split=split)
+
+    def _reasoning(self, choice: dict[str, Any]) -> str:
+        """A thinking model's reasoning: vLLM's `reasoning_content` (DeepSeek's name), or
+        `reasoning` (newer vLLM, OpenRouter)."""
+        if not self.chat:
+            return ""
+        delta = choice.get("delta") or choice.get("message") or {}
+        if not isinstance(delta, dict):
+            return ""
+        value = delta.get("reasoning_content") or delta.get("reasoning")
+        if value is not None and not isinstance(value, str):
+            raise malformed(f"reasoning is not a string: {value!r}")
+        return value or ""
 
     def _content(self, choice: dict[str, Any]) -> tuple[str, tuple[TokenInfo, ...]]:
         if self.chat:
@@ -201,7 +219,11 @@ class ChunkReader:
         if self.n == 1:
             return [self.usage]
         parts = split_total(self.usage.completion_tokens, counted)
-        return [Usage(self.usage.prompt_tokens, part) for part in parts]
+        # The reasoning total is not split: choice 0 carries it (the gateway sums them).
+        reasoning = self.usage.reasoning_tokens
+        return [Usage(self.usage.prompt_tokens, part,
+                      reasoning if i == 0 or reasoning is None else 0)
+                for i, part in enumerate(parts)]
 
 
 def _stop_reason(state: _Choice, reason: str, req: GenerationRequest) -> str | None:

@@ -82,6 +82,8 @@ def build_payload(
         body["messages"] = req.messages
         if not req.add_generation_prompt:
             body["add_generation_prompt"] = False
+        if req.chat_template_kwargs:
+            body["chat_template_kwargs"] = req.chat_template_kwargs
         if s.logprobs:
             body["logprobs"] = True
             if s.top_logprobs:

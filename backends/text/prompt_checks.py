@@ -18,9 +18,10 @@ def encode_request(tokenizer: Tokenizer, req: GenerationRequest) -> list[int]:
         return list(req.prompt_token_ids)
     if req.messages is not None:
         try:
-            return tokenizer.encode_chat(req.messages, req.add_generation_prompt, req.tools)
+            return tokenizer.encode_chat(req.messages, req.add_generation_prompt, req.tools,
+                                         req.chat_template_kwargs)
         except ChatTemplateError as e:
-            raise RequestError(str(e), param="messages") from None
+            raise RequestError(str(e), param=e.param) from None
     return tokenizer.encode(req.prompt or "")
 
 

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from backends.base import GenerationEvent, RequestTimings, SamplingParams, TokenInfo, Usage
 from backends.text.detokenizer import IncrementalDetokenizer
+from backends.text.reasoning import ReasoningSplitter
 from backends.text.stop_checker import StopChecker
 from backends.text.token_texts import TokenTexts
 from backends.text.tokenizer import Tokenizer
@@ -35,6 +36,8 @@ class RequestTracker:
         self.stop_ids = eos | frozenset(sampling.stop_token_ids)
         self._detokenizer = IncrementalDetokenizer(tokenizer, prompt_ids)
         self._stops = StopChecker(sampling.stop)
+        markers = tokenizer.reasoning_markers
+        self._reasoning = None if markers is None else ReasoningSplitter(markers, prompt_ids)
         self.num_generated = 0
         self.finished = False
         self._arrival = time.monotonic()
@@ -51,6 +54,8 @@ class RequestTracker:
         publishes its event; True once the request is finished."""
         self.num_generated += 1
         piece = self._detokenizer.add(token)
+        if self._reasoning is not None:
+            self._reasoning.token(token, piece)
         text, stopped = self._stops.feed(piece)
         asked = self._sampling.logprobs
         info = TokenInfo(
@@ -81,11 +86,14 @@ class RequestTracker:
     ) -> None:
         final = reason is not None
         self.finished = final
+        splitter = self._reasoning
+        reasoning_tokens = None if splitter is None else splitter.reasoning_tokens
         self._publish(GenerationEvent(
             text=text,
             tokens=tokens,
             finish_reason=reason,  # type: ignore[arg-type]
-            usage=Usage(self._num_prompt, self.num_generated) if final else None,
+            usage=Usage(self._num_prompt, self.num_generated, reasoning_tokens) if final else None,
+            split=None if splitter is None else splitter.release(text),
             stop_reason=stop_reason,
             timings=self._timings() if final else None,
             seed=self.seed if final else None,

@@ -80,10 +80,19 @@ class ChatMessage(BaseModel):
     tool_calls: list[Any] | None = None
     tool_call_id: str | None = Field(None, validate_default=True)
     content: Any = Field(None, validate_default=True)
+    # An earlier answer's reasoning (a thinking model's template may render it back).
+    reasoning_content: str | None = None
 
     @field_validator("name")
     @classmethod
     def _name(cls, value: str | None) -> str | None:
+        return None if value is None else checked_text(value)
+
+    @field_validator("reasoning_content")
+    @classmethod
+    def _reasoning(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None and info.data.get("role") != "assistant":
+            raise invalid("only assistant messages may have reasoning_content")
         return None if value is None else checked_text(value)
 
     @field_validator("role")
@@ -140,4 +149,6 @@ class ChatMessage(BaseModel):
             message["tool_calls"] = self.tool_calls
         if self.tool_call_id is not None:
             message["tool_call_id"] = self.tool_call_id
+        if self.reasoning_content is not None:
+            message["reasoning_content"] = self.reasoning_content
         return message

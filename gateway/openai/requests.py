@@ -184,6 +184,9 @@ class ChatCompletionRequest(SamplingFields):
     functions: list[Any] | None = None
     function_call: Any = None
     modalities: list[str] | None = None
+    # A thinking model's reasoning in the answer (OpenRouter / vLLM); it is generated anyway.
+    include_reasoning: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM: extra template variables
 
     @field_validator("tool_choice", mode="before")
     @classmethod

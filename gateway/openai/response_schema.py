@@ -15,10 +15,17 @@ from gateway.openapi import ErrorResponse
 FinishReason = Literal["stop", "length", "tool_calls"]
 
 
+class CompletionTokensDetails(BaseModel):
+    reasoning_tokens: int = Field(description="A thinking model's reasoning tokens, its think "
+                                              "markers included.")
+
+
 class CompletionUsage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    completion_tokens_details: CompletionTokensDetails | None = Field(
+        None, description="Only for a thinking model.")
 
 
 class TopLogprob(BaseModel):
@@ -51,6 +58,9 @@ class ChatResponseMessage(BaseModel):
     role: Literal["assistant"]
     content: str | None
     tool_calls: list[ResponseToolCall] | None = None
+    reasoning_content: str | None = Field(
+        None, description="A thinking model's reasoning, without its think markers (left out "
+                          "for other models and with `include_reasoning: false`).")
 
 
 class ChatChoice(BaseModel):
@@ -81,6 +91,7 @@ class ToolCallFragment(BaseModel):
 class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[ToolCallFragment] | None = None
 
 

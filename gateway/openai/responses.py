@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from backends.base import TokenInfo, Usage
+from backends.base import ReasoningSplit, TokenInfo, Usage
 from gateway.openai.logprobs import CompletionLogprobs, chat_logprobs
 
 if TYPE_CHECKING:
@@ -26,10 +26,13 @@ JSON = dict[str, Any]
 
 
 def usage_dict(usage: Usage) -> JSON:
-    return {
+    body: JSON = {
         "prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.total_tokens,
     }
+    if usage.reasoning_tokens is not None:
+        body["completion_tokens_details"] = {"reasoning_tokens": usage.reasoning_tokens}
+    return body
 
 
 class ChoiceOutput(Protocol):
@@ -39,6 +42,8 @@ class ChoiceOutput(Protocol):
     text: list[str]
     tokens: list[TokenInfo]
     finish_reason: str | None
+    reasoning: list[str] | None  # a thinking model's: the text split (None: all content)
+    content: list[str] | None
 
 
 @dataclass
@@ -59,8 +64,10 @@ class Formatter(Protocol):
 
     def opening_chunks(self) -> list[JSON]: ...
 
-    def delta_chunks(self, index: int, text: str, tokens: Sequence[TokenInfo]) -> list[JSON]:
-        """What one event of choice `index` adds (nothing, when a parser holds it back)."""
+    def delta_chunks(self, index: int, text: str, tokens: Sequence[TokenInfo],
+                     split: ReasoningSplit | None = None) -> list[JSON]:
+        """What one event of choice `index` adds (nothing, when a parser holds it back);
+        `split`: a thinking model's text as reasoning and content."""
         ...
 
     def finish_chunks(self, index: int, finish_reason: str) -> list[JSON]: ...
@@ -72,12 +79,14 @@ class Formatter(Protocol):
 
 @dataclass(frozen=True)
 class ResponseOptions:
-    """What the client asked to see: logprobs (with `top` alternatives), choice count."""
+    """What the client asked to see: logprobs (with `top` alternatives), choice count, a
+    thinking model's reasoning."""
 
     n: int = 1
     logprobs: bool = False
     top: int = 0
     include_usage: bool = False
+    include_reasoning: bool = True
 
 
 class ChatFormatter:
@@ -110,16 +119,19 @@ class ChatFormatter:
         return [self._chunk(i, {"role": "assistant", "content": ""}, None, None)
                 for i in range(self.options.n)]
 
-    def delta_chunks(self, index: int, text: str, tokens: Sequence[TokenInfo]) -> list[JSON]:
+    def delta_chunks(self, index: int, text: str, tokens: Sequence[TokenInfo],
+                     split: ReasoningSplit | None = None) -> list[JSON]:
         parser = self._parser(index)
-        content, calls = text, []
+        content, calls = text if split is None else split.content, []
+        reasoning = split.reasoning if split is not None and self.options.include_reasoning else ""
         if parser is not None:
-            parsed = parser.feed(text)
+            parsed = parser.feed(content)
             content, calls = parsed.content, parsed.tool_calls
         logprobs = self._logprobs(tokens) if tokens else None
-        if not content and not calls and logprobs is None:
+        if not content and not calls and not reasoning and logprobs is None:
             return []
-        return [self._chunk(index, _delta(content, calls), None, logprobs)]
+        delta = _delta(content, calls, reasoning)
+        return [self._chunk(index, delta, None, logprobs)]
 
     def finish_chunks(self, index: int, finish_reason: str) -> list[JSON]:
         chunks = []
@@ -139,7 +151,8 @@ class ChatFormatter:
         return chunk
 
     def _choice(self, choice: ChoiceOutput) -> JSON:
-        text, reason = "".join(choice.text), choice.finish_reason or "stop"
+        parts = choice.text if choice.content is None else choice.content
+        text, reason = "".join(parts), choice.finish_reason or "stop"
         message: JSON = {"role": "assistant", "content": text}
         parser = self.tools.parser() if self.tools is not None else None
         if parser is not None:
@@ -150,6 +163,8 @@ class ChatFormatter:
                 reason = _with_calls(reason, parser.calls)
             else:
                 message["content"] = content
+        if choice.reasoning is not None and self.options.include_reasoning:
+            message["reasoning_content"] = "".join(choice.reasoning) or None
         return {"index": choice.index, "message": message,
                 "logprobs": self._logprobs(choice.tokens), "finish_reason": reason}
 
@@ -160,9 +175,11 @@ class ChatFormatter:
         return body
 
 
-def _delta(content: str, calls: list[JSON]) -> JSON:
+def _delta(content: str, calls: list[JSON], reasoning: str = "") -> JSON:
     delta: JSON = {}
-    if content or not calls:
+    if reasoning:
+        delta["reasoning_content"] = reasoning
+    if content or not (calls or reasoning):
         delta["content"] = content
     if calls:
         delta["tool_calls"] = calls
@@ -199,7 +216,8 @@ class CompletionFormatter:
     def opening_chunks(self) -> list[JSON]:
         return []
 
-    def delta_chunks(self, index: int, text: str, tokens: Sequence[TokenInfo]) -> list[JSON]:
+    def delta_chunks(self, index: int, text: str, tokens: Sequence[TokenInfo],
+                     split: ReasoningSplit | None = None) -> list[JSON]:
         if not text and not (self.options.logprobs and tokens):
             return []
         return [self._chunk(index, text, None, self._logprobs_of(index, tokens))]

@@ -121,7 +121,7 @@ async def chat_completions(request: Request) -> Response:
         template = info.chat_template if info is not None else None
         plan = tool_plan(body, template, entry.tool_call_parser)
     options = ResponseOptions(body.choices(), bool(body.logprobs), body.top_logprobs_count(),
-                              body.include_usage())
+                              body.include_usage(), body.include_reasoning)
     formatter = ChatFormatter(chat_meta(entry.name), options, plan)
     gen_request = chat_request(body, new_request_id(), plan, effective(entry, info))
     return await _respond(request, state, entry, gen_request, formatter, streamed=bool(body.stream))

@@ -101,6 +101,7 @@ def chat_request(body: ChatCompletionRequest, request_id: str, plan: ToolPlan | 
     return GenerationRequest(
         request_id=request_id, sampling=sampling_params(body, asked, defaults), messages=messages,
         add_generation_prompt=body.add_generation_prompt, tools=tools,
+        chat_template_kwargs=body.chat_template_kwargs,
     )
 
 

@@ -69,6 +69,8 @@ class AssistantMessage(_Doc):
     content: Content | None = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
+    reasoning_content: str | None = Field(
+        None, description="The answer's reasoning, for templates that render it back.")
 
 
 class ToolMessage(_Doc):
@@ -186,6 +188,12 @@ class ChatCompletionRequest(_Sampling):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     modalities: list[Literal["text"]] | None = None
+    include_reasoning: bool = Field(
+        True, description="A thinking model's reasoning as `reasoning_content` (false: left "
+                          "out of the answer, though still generated).")
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None, description="Extra variables for the chat template, e.g. "
+                          '{"enable_thinking": false}.')
 
 
 class CompletionRequest(_Sampling):

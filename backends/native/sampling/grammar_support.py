@@ -18,7 +18,12 @@ from backends.native.scheduling.sequence import Sequence
 from backends.text.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
-    from backends.native.structured import CompiledGrammar, GrammarCompiler, TokenMasks
+    from backends.native.structured import (
+        CompiledGrammar,
+        GrammarCompiler,
+        GrammarMatcher,
+        TokenMasks,
+    )
 
 
 class GrammarSupport:
@@ -40,11 +45,21 @@ class GrammarSupport:
             compiler = self._compiler
         return compiler.compile(spec)
 
+    def matcher(self, grammar: CompiledGrammar, prompt_ids: list[int]) -> GrammarMatcher:
+        """A choice's matcher; for a thinking model it waits for the reasoning to end."""
+        matcher = grammar.matcher()
+        markers = self._tokenizer.reasoning_markers
+        if markers is None:
+            return matcher
+        from backends.native.structured.reasoning_gate import AfterReasoning
+
+        return AfterReasoning(matcher, markers, markers.opens_in(prompt_ids))
+
     def submit_masks(self, seqs: list[Sequence]) -> Future[torch.Tensor | None] | None:
         """Start filling the bitmask of `seqs`' matchers (rows in order); None when no
         sequence has a grammar. The result is valid until the next call."""
         matchers = [seq.grammar for seq in seqs]
-        if all(m is None for m in matchers):
+        if all(m is None or not m.constrains for m in matchers):
             return None
         if self._masks is None:
             from backends.native.structured import TokenMasks

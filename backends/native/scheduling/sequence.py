@@ -13,6 +13,7 @@ if TYPE_CHECKING:
 
     from backends.native.structured.matcher import GrammarMatcher
     from backends.text.detokenizer import IncrementalDetokenizer
+    from backends.text.reasoning import ReasoningSplitter
     from backends.text.stop_checker import StopChecker
 
 
@@ -31,6 +32,7 @@ class OutputState:
     detokenizer: IncrementalDetokenizer
     stops: StopChecker
     prompt_logprobs: dict[int, TokenInfo] = field(default_factory=dict)
+    reasoning: ReasoningSplitter | None = None  # a thinking model's reasoning / content split
 
 
 @dataclass

@@ -29,13 +29,14 @@ class TokenMasks:
 
         The returned tensor is a view of the reused buffer: valid until the next call. A matcher
         may appear once per call, and must not `accept` while the fill runs."""
-        rows = [(m.engine_matcher, i) for i, m in enumerate(matchers) if m is not None]
+        active = [m if m is not None and m.constrains else None for m in matchers]
+        rows = [(m.engine_matcher, i) for i, m in enumerate(active) if m is not None]
         if not rows:
             return None
         # The engine's width covers the whole tokenizer, which may be wider than the logits.
-        width = max([_words(self.vocab_size)] + [m.mask_words for m in matchers if m is not None])
+        width = max([_words(self.vocab_size)] + [m.mask_words for m in active if m is not None])
         buffer = self._reserve(len(matchers), width)
-        for i, m in enumerate(matchers):
+        for i, m in enumerate(active):
             if m is None:
                 buffer[i].fill_(-1)
         if len(rows) == 1:
@@ -44,12 +45,21 @@ class TokenMasks:
         else:
             self._executor.unsafe_compute_mask_ptr(rows, buffer.data_ptr(), width * 4,
                                                    len(matchers))
+        for i, m in enumerate(active):
+            for token in m.also_allowed if m is not None else ():
+                _allow(buffer[i], token)
         return buffer[:, : _words(self.vocab_size)]
 
     def _reserve(self, count: int, width: int) -> torch.Tensor:
         if self._buffer.shape[0] < count or self._buffer.shape[1] != width:
             self._buffer = torch.full((max(count, 16), width), -1, dtype=torch.int32)
         return self._buffer[:count]
+
+
+def _allow(row: torch.Tensor, token: int) -> None:
+    """Set token's bit in a packed int32 row (bit 31 is the word's sign bit)."""
+    bit = token % 32
+    row[token // 32] |= (1 << bit) if bit < 31 else -(1 << 31)
 
 
 def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:

@@ -31,6 +31,20 @@ class GrammarMatcher:
         return self._matcher.is_accepting()
 
     @property
+    def constrains(self) -> bool:
+        """Whether the grammar masks the next token (a thinking model reasons freely)."""
+        return True
+
+    @property
+    def also_allowed(self) -> tuple[int, ...]:
+        """Token ids allowed next beside the grammar's."""
+        return ()
+
+    @property
+    def engine_vocab(self) -> int:
+        return self._engine_vocab
+
+    @property
     def engine_matcher(self) -> LLMatcher:
         """The llguidance matcher (for `TokenMasks`)."""
         return self._matcher
