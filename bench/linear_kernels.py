@@ -7,8 +7,9 @@ Prints GFLOP/s of both and their ratio, and whether the outputs are bit-identica
     .venv/bin/python -m bench.linear_kernels [--threads 2] [--dtype auto] [--rows 1 16 64 256]
 
 `--gguf`: GGUF k-quant weights at a ~1.5B model's shapes instead (N x K: 8960 x 1536 gate /
-up, 1536 x 8960 down, 2048 x 2048), random valid blocks: our kernel on the file's blocks
-(KQuantLinear's kernel path; for Q4_K also the int4 conversion, Int4Linear) against
+up, 1536 x 8960 down, 2048 x 2048), random valid blocks: our kernel on the blocks repacked at
+load (`packed`, KQuantLinear's kernel path) and on the file's blocks as stored (`blocks`, the
+kernel before the repacking; for Q4_K also the int4 conversion, Int4Linear) against
 dequantizing at each call + matmul and against a dense weight kept in the dtype (the memory
 the packed forms save), in ms per call.
 
@@ -99,8 +100,10 @@ def measure_gguf(qtype: str, n: int, k: int, rows: int, dtype: str,
     torch_dtype = getattr(torch, dtype)
     x = torch.randn(rows, k, dtype=torch_dtype)
     weight = torch.ops.switchyard_cpu.kquant_dequantize(data, int(kind), k, torch_dtype)
+    packed = torch.ops.switchyard_cpu.kquant_pack(data, int(kind), k)
     paths = {
-        "kernel": lambda: torch.ops.switchyard_cpu.kquant_mm(x, data, int(kind), k),
+        "packed": lambda: torch.ops.switchyard_cpu.kquant_packed_mm(x, packed, int(kind), k),
+        "blocks": lambda: torch.ops.switchyard_cpu.kquant_mm(x, data, int(kind), k),
         "dequant+mm": lambda: x @ torch.ops.switchyard_cpu.kquant_dequantize(
             data, int(kind), k, torch_dtype).t(),
         "dense": lambda: torch.nn.functional.linear(x, weight),
@@ -111,15 +114,16 @@ def measure_gguf(qtype: str, n: int, k: int, rows: int, dtype: str,
         paths["int4"] = lambda: int4(x)
     with torch.inference_mode():
         got = {name: best_ms(fn, repeats, calls=5) for name, fn in paths.items()}
-    return {**got, "packed_mb": data.numel() / 1e6, "dense_mb": weight.nbytes / 1e6}
+    return {**got, "file_mb": data.numel() / 1e6, "packed_mb": packed.numel() / 1e6,
+            "dense_mb": weight.nbytes / 1e6}
 
 
 def main_gguf(args: argparse.Namespace, dtype: str, facts: dict) -> None:
     from backends.cpu_kernels.build import kernel_status
 
     print("cpu kernels:", kernel_status().describe())
-    print(f"{'type':5s} {'weight':8s} {'N x K':>12s} {'rows':>5s} {'kernel':>8s} {'int4':>8s}"
-          f" {'deq+mm':>8s} {'dense':>8s}  (ms)  MB packed / dense")
+    print(f"{'type':5s} {'weight':8s} {'N x K':>12s} {'rows':>5s} {'packed':>8s} {'blocks':>8s}"
+          f" {'int4':>8s} {'deq+mm':>8s} {'dense':>8s}  (ms)  MB file / packed / dense")
     results = {}
     for qtype in args.types:
         for name, (n, k) in GGUF_SHAPES.items():
@@ -127,9 +131,10 @@ def main_gguf(args: argparse.Namespace, dtype: str, facts: dict) -> None:
                 got = measure_gguf(qtype, n, k, rows, dtype, args.repeats)
                 results[f"{qtype}/{name}/{rows}"] = got
                 int4 = f"{got['int4']:8.2f}" if "int4" in got else f"{'':8s}"
-                print(f"{qtype:5s} {name:8s} {f'{n} x {k}':>12s} {rows:5d} {got['kernel']:8.2f}"
-                      f" {int4} {got['dequant+mm']:8.2f} {got['dense']:8.2f}       "
-                      f"{got['packed_mb']:.1f} / {got['dense_mb']:.1f}")
+                print(f"{qtype:5s} {name:8s} {f'{n} x {k}':>12s} {rows:5d} {got['packed']:8.2f}"
+                      f" {got['blocks']:8.2f} {int4} {got['dequant+mm']:8.2f} {got['dense']:8.2f}"
+                      f"       {got['file_mb']:.1f} / {got['packed_mb']:.1f} / "
+                      f"{got['dense_mb']:.1f}")
     write_json(args.json, facts, results)
 
 

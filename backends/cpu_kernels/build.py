@@ -6,6 +6,8 @@ process:
     switchyard_cpu::q8_mm             q8_dot.cpp: 8-bit weights (GGUF Q8_0) x int16 inputs
     switchyard_cpu::kquant_mm         kquant_dot.cpp: GGUF Q5_0 / Q5_1 / Q5_K / Q6_K as stored
     switchyard_cpu::kquant_dequantize  the same blocks as a dense [N, K]
+    switchyard_cpu::kquant_pack / kquant_packed_mm / kquant_packed_dequantize: the same types
+                                      repacked once at load for the SIMD lanes (KQuantLinear)
     switchyard_cpu::q4_dequantize_kn  int4_dequant.cpp: the same weights as a dense [K, N]
     switchyard_cpu::paged_decode_attention  paged_attention.cpp: decode rows over KV blocks
     switchyard_cpu::paged_prefill_attention  prefill_attention.cpp: a prompt chunk, causal
@@ -289,6 +291,16 @@ def _register_fake() -> None:
     def _kquant_mm(x: torch.Tensor, blocks: torch.Tensor, type: int,
                    in_features: int) -> torch.Tensor:
         return x.new_empty(x.shape[0], blocks.shape[0])
+
+    @torch.library.register_fake("switchyard_cpu::kquant_packed_mm")
+    def _kquant_packed_mm(x: torch.Tensor, packed: torch.Tensor, type: int,
+                          in_features: int) -> torch.Tensor:
+        return x.new_empty(x.shape[0], packed.shape[0])
+
+    @torch.library.register_fake("switchyard_cpu::kquant_packed_dequantize")
+    def _kquant_packed_dequantize(packed: torch.Tensor, type: int, in_features: int,
+                                  dtype: torch.dtype) -> torch.Tensor:
+        return packed.new_empty(packed.shape[0], in_features, dtype=dtype)
 
     @torch.library.register_fake("switchyard_cpu::kquant_dequantize")
     def _kquant_dequantize(blocks: torch.Tensor, type: int, in_features: int,

@@ -1,5 +1,10 @@
-// GGUF's 5- and 6-bit formats (Q5_0, Q5_1, Q5_K, Q6_K, and Q4_K) multiplied on their own
-// block layout, as the file stores them: nothing is repacked, a weight takes the file's bytes.
+// GGUF's 5- and 6-bit formats (Q5_0, Q5_1, Q5_K, Q6_K, and Q4_K) multiplied two ways:
+//   kquant_packed_mm on the blocks repacked once at load (kquant_pack; "The packed layout"
+//     below: code planes in the lanes' order and the blocks' own scale bytes, ~the file's
+//     bytes, no decoding per call; KQuantLinear's path), and
+//   kquant_mm on the file's blocks as stored, each weight row decoded per call (the kernel
+//     before the repacking, kept for bench/linear_kernels.py and the tests).
+// Both compute the same sums described next; kquant_mm's decoding is:
 //
 // Every format decodes to the same form, one weight row at a time into the worker's L1:
 // unsigned codes q in 0..63 per weight and, per 16 columns, w = scale * q + offset (Q6_K's
@@ -17,6 +22,8 @@
 //
 //   kquant_mm(x [M, K] float32 | bfloat16, blocks [N, row bytes] uint8, type, K) -> [M, N]
 //   kquant_dequantize(blocks, type, K, dtype) -> [N, K]: the same values (w = scale q + offset)
+//   kquant_pack(blocks, type, K) -> uint8 [N, packed row bytes] (this build variant's layout)
+//   kquant_packed_mm(x, packed, type, K) -> [M, N];  kquant_packed_dequantize(packed, ...)
 //
 // `type` is ggml's id: Q5_0 = 6, Q5_1 = 7, Q4_K = 12, Q5_K = 13, Q6_K = 14.
 
@@ -275,13 +282,14 @@ struct QuantizedRows {
   const int8_t* q;       // [M, Kp]
   const int8_t* rest;    // [M, Kp]
   const float* dx;       // [M, Kp / 16]: the 32-column block's scale per group, lane order
-  const float* sum;      // [M, Kp / 16]: sum of xq * dx over the group, natural order
+  const float* sum;      // [M, Kp / 16]: sum of xq * dx over the group, natural order (the
+                         // packed kernel's: lane order)
   int64_t kp, groups;    // row strides of q and of dx / sum
 };
 
 template <typename T>
 void quantize_row(const T* src, int64_t k, int64_t kp, int8_t* q, int8_t* rest, float* dx,
-                  float* sum) {
+                  float* sum, bool lane_sums) {
   constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
   std::memset(q + k, 0, kp - k);
   std::memset(rest + k, 0, kp - k);
@@ -321,11 +329,12 @@ void quantize_row(const T* src, int64_t k, int64_t kp, int8_t* q, int8_t* rest, 
     interleave(q + seg);
     interleave(rest + seg);
     to_lane_order(dx + seg / kGroup);
+    if (lane_sums) to_lane_order(sum + seg / kGroup);
   }
 }
 
 template <typename T>
-QuantizedRows quantize_rows(const at::Tensor& x) {
+QuantizedRows quantize_rows(const at::Tensor& x, bool lane_sums = false) {
   const int64_t m = x.size(0), k = x.size(1), kp = padded(k), groups = kp / kGroup;
   thread_local std::vector<int8_t> codes;
   thread_local std::vector<float> factors;
@@ -339,7 +348,7 @@ QuantizedRows quantize_rows(const at::Tensor& x) {
   at::parallel_for(0, m, 1, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r)
       quantize_row(src + r * k, k, kp, q + r * kp, rest + r * kp, dx + r * groups,
-                   sum + r * groups);
+                   sum + r * groups, lane_sums);
   });
   return QuantizedRows{q, rest, dx, sum, kp, groups};
 }
@@ -501,6 +510,503 @@ at::Tensor kquant_dequantize(const at::Tensor& blocks, int64_t type, int64_t k,
   return out;
 }
 
+
+// ---- The packed layout: repacked once at load, ~the file's bytes, no decoding per call ----
+//
+// A row is its full segments (kSegment columns each), then the columns past the last full
+// segment as the file's own blocks (Q5_0 / Q5_1 only: the K-quants' rows are whole 256-column
+// blocks). A segment holds the 4 interleaved code vectors (kVec bytes each, as `interleave`
+// orders them) as planes the SIMD lanes take with shifts and masks, then the segment's factors:
+//   low   [2 kVec]: byte j of the first half: codes[0][j] | codes[1][j] << 4; second half:
+//                   codes[2][j] | codes[3][j] << 4 (each code's low 4 bits)
+//   high  Q6_K [kVec]: byte j: bits 4..5 of codes[t][j] at bits 2t..2t+1
+//         Q5_* [kVec / 2]: byte j: bit 4 of codes[t][j] at bit t, of codes[t][j + kVec / 2]
+//                   at bit t + 4;  Q4_K: none
+//   factors Q5_0: fp16 d per 32 columns; Q5_1: fp16 d per 32, then fp16 m per 32;
+//         Q4_K / Q5_K: fp16 d, fp16 dmin, uint8 sc per 32, uint8 m per 32 (the 6-bit values);
+//         Q6_K: fp16 d, int8 sc per 16.
+// The kernel turns the factors into per-lane scale and offset with the exact float products
+// the decoding gives (d * sc, -dmin * m, -16 d, -32 d sc), so products and dequantization are
+// those of the file's blocks. The layout depends on the build variant (kSegment): the weight
+// cache's entries are per variant.
+constexpr int64_t kVec = kSegment / 4;  // bytes of one code vector
+
+constexpr int64_t high_bytes(int64_t type) {
+  return type == 14 ? kVec : type == 12 ? 0 : kVec / 2;
+}
+
+constexpr int64_t factor_bytes(int64_t type) {
+  return type == 6 ? kLanes : type == 7 ? 2 * kLanes : type == 14 ? 2 + kLanes : 4 + kLanes;
+}
+
+constexpr int64_t segment_bytes(int64_t type) {
+  return 2 * kVec + high_bytes(type) + factor_bytes(type);
+}
+
+int64_t packed_row_bytes(int64_t type, int64_t k) {
+  const Format f = format_of(type);
+  return k / kSegment * segment_bytes(type) + (k % kSegment) / f.weights * f.bytes;
+}
+
+void pack_row(const uint8_t* src, int64_t type, int64_t k, uint8_t* dst) {
+  const Format f = format_of(type);
+  const DecodedRow w = decode_row(src, type, k, true);
+  const int64_t full = k / kSegment, bytes = segment_bytes(type);
+  for (int64_t s = 0; s < full; ++s) {
+    const uint8_t* c = w.q + s * kSegment;
+    uint8_t* p = dst + s * bytes;
+    for (int64_t j = 0; j < kVec; ++j) {
+      const int c0 = c[j], c1 = c[kVec + j], c2 = c[2 * kVec + j], c3 = c[3 * kVec + j];
+      p[j] = static_cast<uint8_t>((c0 & 15) | (c1 & 15) << 4);
+      p[kVec + j] = static_cast<uint8_t>((c2 & 15) | (c3 & 15) << 4);
+      if (type == 14)
+        p[2 * kVec + j] = static_cast<uint8_t>((c0 >> 4) | (c1 >> 4) << 2 | (c2 >> 4) << 4 |
+                                               (c3 >> 4) << 6);
+    }
+    if (high_bytes(type) == kVec / 2) {
+      for (int64_t j = 0; j < kVec / 2; ++j) {
+        int bits = 0;
+        for (int t = 0; t < 4; ++t)
+          bits |= ((c[t * kVec + j] >> 4) & 1) << t | ((c[t * kVec + j + kVec / 2] >> 4) & 1) << (t + 4);
+        p[2 * kVec + j] = static_cast<uint8_t>(bits);
+      }
+    }
+    uint8_t* fac = p + 2 * kVec + high_bytes(type);
+    const int64_t col = s * kSegment;
+    if (type == 6 || type == 7) {
+      for (int64_t i = 0; i < kLanes / 2; ++i) {
+        const uint8_t* block = src + (col / 32 + i) * f.bytes;
+        std::memcpy(fac + 2 * i, block, 2);
+        if (type == 7) std::memcpy(fac + kLanes + 2 * i, block + 2, 2);
+      }
+    } else if (type == 14) {
+      const uint8_t* block = src + col / 256 * f.bytes;
+      std::memcpy(fac, block + 208, 2);
+      std::memcpy(fac + 2, block + 192 + col % 256 / 16, kLanes);
+    } else {
+      const uint8_t* block = src + col / 256 * f.bytes;
+      std::memcpy(fac, block, 4);
+      for (int64_t i = 0; i < kLanes / 2; ++i) {
+        int sc, mn;
+        scale_min_k4(static_cast<int>(col % 256 / 32 + i), block + 4, &sc, &mn);
+        fac[4 + i] = static_cast<uint8_t>(sc);
+        fac[4 + kLanes / 2 + i] = static_cast<uint8_t>(mn);
+      }
+    }
+  }
+  std::memcpy(dst + full * bytes, src + full * kSegment / f.weights * f.bytes,
+              (k % kSegment) / f.weights * f.bytes);
+}
+
+at::Tensor kquant_pack(const at::Tensor& blocks, int64_t type, int64_t k) {
+  const int64_t row_bytes = check_blocks("kquant_pack", blocks, type, k);
+  const int64_t n = blocks.size(0), packed_bytes = packed_row_bytes(type, k);
+  at::Tensor out = at::empty({n, packed_bytes}, blocks.options());
+  const uint8_t* src = blocks.const_data_ptr<uint8_t>();
+  uint8_t* dst = out.mutable_data_ptr<uint8_t>();
+  parallel_shares(n, [&](int64_t row) {
+    pack_row(src + row * row_bytes, type, k, dst + row * packed_bytes);
+  });
+  return out;
+}
+
+// Lane -> index of its group's factor, per 16 columns (`group`) and per 32 (`pair`).
+#ifdef SWITCHYARD_VNNI
+using VecI = __m512i;
+using VecF = __m512;
+inline VecI load_i(const void* p) { return _mm512_loadu_si512(p); }
+inline void store_i(void* p, VecI v) { _mm512_storeu_si512(p, v); }
+inline VecF load_f(const float* p) { return _mm512_loadu_ps(p); }
+inline void store_f(float* p, VecF v) { _mm512_storeu_ps(p, v); }
+inline VecF zero_f() { return _mm512_setzero_ps(); }
+inline VecF set_f(float v) { return _mm512_set1_ps(v); }
+inline VecF mul_f(VecF a, VecF b) { return _mm512_mul_ps(a, b); }
+inline VecF fmadd_f(VecF a, VecF b, VecF c) { return _mm512_fmadd_ps(a, b, c); }
+inline float reduce_f(VecF v) { return _mm512_reduce_add_ps(v); }
+inline VecI and_i(VecI a, VecI b) { return _mm512_and_si512(a, b); }
+inline VecI or_i(VecI a, VecI b) { return _mm512_or_si512(a, b); }
+inline VecI set8_i(int v) { return _mm512_set1_epi8(static_cast<char>(v)); }
+#define KQ_SLLI16 _mm512_slli_epi16
+#define KQ_SRLI16 _mm512_srli_epi16
+#else
+using VecI = __m256i;
+using VecF = __m256;
+inline VecI load_i(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+inline void store_i(void* p, VecI v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v); }
+inline VecF load_f(const float* p) { return _mm256_loadu_ps(p); }
+inline void store_f(float* p, VecF v) { _mm256_storeu_ps(p, v); }
+inline VecF zero_f() { return _mm256_setzero_ps(); }
+inline VecF set_f(float v) { return _mm256_set1_ps(v); }
+inline VecF mul_f(VecF a, VecF b) { return _mm256_mul_ps(a, b); }
+inline VecF fmadd_f(VecF a, VecF b, VecF c) { return _mm256_fmadd_ps(a, b, c); }
+inline float reduce_f(VecF v) { return sum8(v); }
+inline VecI and_i(VecI a, VecI b) { return _mm256_and_si256(a, b); }
+inline VecI or_i(VecI a, VecI b) { return _mm256_or_si256(a, b); }
+inline VecI set8_i(int v) { return _mm256_set1_epi8(static_cast<char>(v)); }
+#define KQ_SLLI16 _mm256_slli_epi16
+#define KQ_SRLI16 _mm256_srli_epi16
+#endif
+
+struct LaneIndex {
+  VecI group, pair;
+};
+
+inline LaneIndex lane_index() {
+  alignas(64) int32_t group[kLanes], pair[kLanes];
+  for (int64_t lane = 0; lane < kLanes; ++lane) {
+    group[lane] = static_cast<int32_t>(lane_group(lane));
+    pair[lane] = static_cast<int32_t>(lane_group(lane) / 2);
+  }
+  return LaneIndex{load_i(group), load_i(pair)};
+}
+
+// A segment's 4 code vectors from its planes.
+template <int Type>
+inline void segment_codes(const uint8_t* p, VecI c[4]) {
+  const VecI mask = set8_i(0x0F);
+  const VecI l0 = load_i(p), l1 = load_i(p + kVec);
+  c[0] = and_i(l0, mask);
+  c[1] = and_i(KQ_SRLI16(l0, 4), mask);
+  c[2] = and_i(l1, mask);
+  c[3] = and_i(KQ_SRLI16(l1, 4), mask);
+  if constexpr (Type == 14) {
+    const VecI h = load_i(p + 2 * kVec), top = set8_i(0x30);
+    c[0] = or_i(c[0], and_i(KQ_SLLI16(h, 4), top));
+    c[1] = or_i(c[1], and_i(KQ_SLLI16(h, 2), top));
+    c[2] = or_i(c[2], and_i(h, top));
+    c[3] = or_i(c[3], and_i(KQ_SRLI16(h, 2), top));
+  } else if constexpr (Type != 12) {
+    // Byte j's bit t (first half) and bit t + 4 (second half) -> bit t of byte j of the vector.
+#ifdef SWITCHYARD_VNNI
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 * kVec));
+    const VecI bits = _mm512_inserti64x4(_mm512_castsi256_si512(h), _mm256_srli_epi16(h, 4), 1);
+#else
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * kVec));
+    const VecI bits = _mm256_set_m128i(_mm_srli_epi16(h, 4), h);
+#endif
+    const VecI fifth = set8_i(0x10);
+    c[0] = or_i(c[0], and_i(KQ_SLLI16(bits, 4), fifth));
+    c[1] = or_i(c[1], and_i(KQ_SLLI16(bits, 3), fifth));
+    c[2] = or_i(c[2], and_i(KQ_SLLI16(bits, 2), fifth));
+    c[3] = or_i(c[3], and_i(KQ_SLLI16(bits, 1), fifth));
+  }
+}
+
+// A segment's per-lane scale and offset from its factors (lane order).
+template <int Type>
+inline void segment_factors(const uint8_t* f, const LaneIndex& idx, VecF& scale, VecF& offset) {
+#ifdef SWITCHYARD_VNNI
+  if constexpr (Type == 6 || Type == 7) {
+    const __m512 d = _mm512_castps256_ps512(
+        _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(f))));
+    scale = _mm512_permutexvar_ps(idx.pair, d);
+    if constexpr (Type == 6) {
+      offset = _mm512_mul_ps(scale, _mm512_set1_ps(-16.f));
+    } else {
+      offset = _mm512_permutexvar_ps(idx.pair, _mm512_castps256_ps512(_mm256_cvtph_ps(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(f + kLanes)))));
+    }
+  } else if constexpr (Type == 14) {
+    const __m512 sc = _mm512_cvtepi32_ps(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(f + 2))));
+    scale = _mm512_permutexvar_ps(idx.group, _mm512_mul_ps(sc, _mm512_set1_ps(half_at(f))));
+    offset = _mm512_mul_ps(scale, _mm512_set1_ps(-32.f));
+  } else {
+    const __m256 sc = _mm256_cvtepi32_ps(
+        _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(f + 4))));
+    const __m256 mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(f + 4 + kLanes / 2))));
+    scale = _mm512_permutexvar_ps(
+        idx.pair, _mm512_castps256_ps512(_mm256_mul_ps(sc, _mm256_set1_ps(half_at(f)))));
+    offset = _mm512_permutexvar_ps(
+        idx.pair, _mm512_castps256_ps512(_mm256_mul_ps(mn, _mm256_set1_ps(-half_at(f + 2)))));
+  }
+#else
+  if constexpr (Type == 6 || Type == 7) {
+    const __m256 d = _mm256_castps128_ps256(
+        _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(f))));
+    scale = _mm256_permutevar8x32_ps(d, idx.pair);
+    if constexpr (Type == 6) {
+      offset = _mm256_mul_ps(scale, _mm256_set1_ps(-16.f));
+    } else {
+      offset = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_cvtph_ps(
+          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(f + kLanes)))), idx.pair);
+    }
+  } else if constexpr (Type == 14) {
+    const __m256 sc = _mm256_cvtepi32_ps(
+        _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(f + 2))));
+    scale = _mm256_permutevar8x32_ps(_mm256_mul_ps(sc, _mm256_set1_ps(half_at(f))), idx.group);
+    offset = _mm256_mul_ps(scale, _mm256_set1_ps(-32.f));
+  } else {
+    int32_t sc4, mn4;
+    std::memcpy(&sc4, f + 4, 4);
+    std::memcpy(&mn4, f + 4 + kLanes / 2, 4);
+    const __m128 sc = _mm_cvtepi32_ps(_mm_cvtepu8_epi32(_mm_cvtsi32_si128(sc4)));
+    const __m128 mn = _mm_cvtepi32_ps(_mm_cvtepu8_epi32(_mm_cvtsi32_si128(mn4)));
+    scale = _mm256_permutevar8x32_ps(
+        _mm256_castps128_ps256(_mm_mul_ps(sc, _mm_set1_ps(half_at(f)))), idx.pair);
+    offset = _mm256_permutevar8x32_ps(
+        _mm256_castps128_ps256(_mm_mul_ps(mn, _mm_set1_ps(-half_at(f + 2)))), idx.pair);
+  }
+#endif
+}
+
+// The columns past the last full segment (Q5_0 / Q5_1), decoded per weight row: interleaved
+// codes, zero past K, and lane-order scale and offset.
+struct Tail {
+  alignas(64) uint8_t q[kSegment];
+  float scale[kLanes], offset[kLanes];
+};
+
+void decode_tail(const uint8_t* blocks, int64_t type, int64_t cols, Tail* tail, bool interleaved) {
+  std::memset(tail->q, 0, kSegment);
+  std::fill(tail->scale, tail->scale + kLanes, 0.f);
+  std::fill(tail->offset, tail->offset + kLanes, 0.f);
+  const Format f = format_of(type);
+  for (int64_t b = 0; b < cols / f.weights; ++b) {
+    if (type == 6)
+      decode_q5_0(blocks + b * f.bytes, tail->q + 32 * b, tail->scale + 2 * b, tail->offset + 2 * b);
+    else
+      decode_q5_1(blocks + b * f.bytes, tail->q + 32 * b, tail->scale + 2 * b, tail->offset + 2 * b);
+  }
+  if (interleaved) {
+    interleave(tail->q);
+    to_lane_order(tail->scale);
+    to_lane_order(tail->offset);
+  }
+}
+
+#ifndef KQ_TILE
+#define KQ_TILE 8
+#endif
+#ifndef KQ_WTILE
+#define KQ_WTILE 1
+#endif
+constexpr int kPackedTile = KQ_TILE;   // input rows per pass over a weight row
+constexpr int kWeightTile = KQ_WTILE;  // weight rows per pass, sharing each input vector loaded
+
+// One chain of multiply-adds per lane (the tile's many products keep the core busy): a
+// segment's codes against one row of int8 inputs, per group (lane), as float.
+#ifdef SWITCHYARD_VNNI
+inline __m512 chain_dot(const __m512i codes[4], const int8_t* x) {
+  __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes[0], _mm512_loadu_si512(x));
+  dot = _mm512_dpbusd_epi32(dot, codes[1], _mm512_loadu_si512(x + 64));
+  dot = _mm512_dpbusd_epi32(dot, codes[2], _mm512_loadu_si512(x + 128));
+  dot = _mm512_dpbusd_epi32(dot, codes[3], _mm512_loadu_si512(x + 192));
+  return _mm512_cvtepi32_ps(dot);
+}
+#else
+inline __m256 chain_dot(const __m256i codes[4], const int8_t* x) { return segment_dot(codes, x); }
+#endif
+
+// Weight rows w[0..W) against input rows r0..r0 + Rows - 1: result[i * Rows + r]. Every
+// (weight row, input row) product sums in one order, whatever the tile it is in.
+template <int Type, int W, int Rows>
+inline void packed_rows_dot(const uint8_t* const w[W], int64_t full, const Tail* const tail[W],
+                            const QuantizedRows& xq, int64_t r0, const LaneIndex& idx,
+                            float* result) {
+  VecF acc[W][Rows];
+  for (int i = 0; i < W; ++i)
+    for (int r = 0; r < Rows; ++r) acc[i][r] = zero_f();
+  const auto rows = [&](const VecI (&c)[W][4], const VecF (&scale)[W], const VecF (&offset)[W],
+                        int64_t seg) {
+    for (int r = 0; r < Rows; ++r) {
+      const int64_t at = (r0 + r) * xq.kp + seg, g = (r0 + r) * xq.groups + seg / kGroup;
+      const VecF dx = load_f(xq.dx + g), sum = load_f(xq.sum + g);
+      for (int i = 0; i < W; ++i) {
+        const VecF dot = fmadd_f(chain_dot(c[i], xq.rest + at), set_f(1.f / 254.f),
+                                 chain_dot(c[i], xq.q + at));
+        acc[i][r] = fmadd_f(dot, mul_f(scale[i], dx), acc[i][r]);
+        acc[i][r] = fmadd_f(offset[i], sum, acc[i][r]);
+      }
+    }
+  };
+  for (int64_t s = 0; s < full; ++s) {
+    VecI c[W][4];
+    VecF scale[W], offset[W];
+    for (int i = 0; i < W; ++i) {
+      const uint8_t* p = w[i] + s * segment_bytes(Type);
+      segment_codes<Type>(p, c[i]);
+      segment_factors<Type>(p + 2 * kVec + high_bytes(Type), idx, scale[i], offset[i]);
+    }
+    rows(c, scale, offset, s * kSegment);
+  }
+  if (tail[0] != nullptr) {
+    VecI c[W][4];
+    VecF scale[W], offset[W];
+    for (int i = 0; i < W; ++i) {
+      for (int t = 0; t < 4; ++t) c[i][t] = load_i(tail[i]->q + t * kVec);
+      scale[i] = load_f(tail[i]->scale);
+      offset[i] = load_f(tail[i]->offset);
+    }
+    rows(c, scale, offset, full * kSegment);
+  }
+  for (int i = 0; i < W; ++i)
+    for (int r = 0; r < Rows; ++r) result[i * Rows + r] = reduce_f(acc[i][r]);
+}
+
+template <int Type, int W, int Rows, typename T>
+inline void weight_tile(const uint8_t* packed, int64_t row_bytes, int64_t row, int64_t full,
+                        const Tail* tails, const QuantizedRows& xq, int64_t r0, int64_t n,
+                        const LaneIndex& idx, T* out) {
+  const uint8_t* w[W];
+  const Tail* tp[W];
+  for (int i = 0; i < W; ++i) {
+    w[i] = packed + (row + i) * row_bytes;
+    tp[i] = tails == nullptr ? nullptr : tails + i;
+  }
+  float dots[W * Rows];
+  packed_rows_dot<Type, W, Rows>(w, full, tp, xq, r0, idx, dots);
+  for (int i = 0; i < W; ++i)
+    for (int r = 0; r < Rows; ++r) out[(r0 + r) * n + row + i] = static_cast<T>(dots[i * Rows + r]);
+}
+
+// A work item's weight rows (8: ~1.2 KB each at K = 1536) against one tile of input rows at a
+// time, so that a tile's quantized inputs stay in L1 across the item's rows.
+template <int Type, int Rows, typename T>
+inline void item_tile(const uint8_t* packed, int64_t row_bytes, int64_t begin, int64_t end,
+                      int64_t full, const Tail* tails, const QuantizedRows& xq, int64_t r0,
+                      int64_t n, const LaneIndex& idx, T* out) {
+  for (int64_t row = begin; row < end; row += kWeightTile) {
+    const Tail* tp = tails == nullptr ? nullptr : tails + (row - begin);
+    if (row + kWeightTile <= end)
+      weight_tile<Type, kWeightTile, Rows>(packed, row_bytes, row, full, tp, xq, r0, n, idx, out);
+    else
+      weight_tile<Type, 1, Rows>(packed, row_bytes, row, full, tp, xq, r0, n, idx, out);
+  }
+}
+
+template <int Type, typename T>
+void packed_all_rows(const uint8_t* packed, int64_t row_bytes, int64_t k, int64_t n,
+                     const QuantizedRows& xq, int64_t m, T* out) {
+  const int64_t full = k / kSegment, tail_cols = k % kSegment;
+  parallel_shares((n + kRowsPerItem - 1) / kRowsPerItem, [&](int64_t item) {
+    const LaneIndex idx = lane_index();
+    Tail tails[kRowsPerItem];
+    const int64_t begin = item * kRowsPerItem, end = std::min(n, begin + kRowsPerItem);
+    if (tail_cols) {
+      for (int64_t row = begin; row < end; ++row)
+        decode_tail(packed + row * row_bytes + full * segment_bytes(Type), Type, tail_cols,
+                    &tails[row - begin], true);
+    }
+    const Tail* tp = tail_cols ? tails : nullptr;
+    int64_t r0 = 0;
+    for (; r0 + kPackedTile <= m; r0 += kPackedTile)
+      item_tile<Type, kPackedTile>(packed, row_bytes, begin, end, full, tp, xq, r0, n, idx, out);
+    for (; r0 < m; ++r0)
+      item_tile<Type, 1>(packed, row_bytes, begin, end, full, tp, xq, r0, n, idx, out);
+  });
+}
+
+int64_t check_packed(const char* op, const at::Tensor& packed, int64_t type, int64_t k) {
+  const Format f = format_of(type);
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 2 && packed.is_contiguous(),
+              op, ": packed must be contiguous uint8 [N, packed row bytes]");
+  TORCH_CHECK(k > 0 && k % f.weights == 0 && packed.size(1) == packed_row_bytes(type, k), op,
+              ": ", k, " columns need packed rows of ", packed_row_bytes(type, k),
+              " bytes (a multiple of ", f.weights, " columns), the rows have ", packed.size(1));
+  return packed.size(1);
+}
+
+template <typename T>
+void packed_dispatch(const uint8_t* p, int64_t row_bytes, int64_t type, int64_t k, int64_t n,
+                     const QuantizedRows& xq, int64_t m, T* out) {
+  switch (type) {
+    case 6: packed_all_rows<6>(p, row_bytes, k, n, xq, m, out); break;
+    case 7: packed_all_rows<7>(p, row_bytes, k, n, xq, m, out); break;
+    case 12: packed_all_rows<12>(p, row_bytes, k, n, xq, m, out); break;
+    case 13: packed_all_rows<13>(p, row_bytes, k, n, xq, m, out); break;
+    default: packed_all_rows<14>(p, row_bytes, k, n, xq, m, out); break;
+  }
+}
+
+at::Tensor kquant_packed_mm(const at::Tensor& x, const at::Tensor& packed, int64_t type,
+                            int64_t k) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous(),
+              "kquant_packed_mm: x must be a contiguous [M, K] matrix");
+  TORCH_CHECK(x.size(1) == k, "kquant_packed_mm: x has ", x.size(1), " columns, the weight ", k);
+  const int64_t row_bytes = check_packed("kquant_packed_mm", packed, type, k);
+  const int64_t m = x.size(0), n = packed.size(0);
+  at::Tensor out = at::empty({m, n}, x.options());
+  const uint8_t* p = packed.const_data_ptr<uint8_t>();
+  if (x.scalar_type() == at::kFloat) {
+    packed_dispatch(p, row_bytes, type, k, n, quantize_rows<float>(x, true), m,
+                    out.mutable_data_ptr<float>());
+  } else {
+    TORCH_CHECK(x.scalar_type() == at::kBFloat16, "kquant_packed_mm: x must be float32 or bfloat16");
+    packed_dispatch(p, row_bytes, type, k, n, quantize_rows<c10::BFloat16>(x, true), m,
+                    out.mutable_data_ptr<c10::BFloat16>());
+  }
+  return out;
+}
+
+// A packed row back to w = scale q + offset, in natural column order.
+template <int Type, typename T>
+void packed_dequantize_row(const uint8_t* w, int64_t k, T* out) {
+  const LaneIndex idx = lane_index();
+  const int64_t full = k / kSegment;
+  alignas(64) uint8_t q[kSegment];
+  alignas(64) float lane_scale[kLanes], lane_offset[kLanes];
+  float scale[kLanes], offset[kLanes];
+  for (int64_t s = 0; s < full; ++s) {
+    const uint8_t* p = w + s * segment_bytes(Type);
+    VecI c[4];
+    segment_codes<Type>(p, c);
+    for (int t = 0; t < 4; ++t) store_i(q + t * kVec, c[t]);
+    interleave(q);  // a 4 x 4 transpose: its own inverse
+    VecF sv, ov;
+    segment_factors<Type>(p + 2 * kVec + high_bytes(Type), idx, sv, ov);
+    store_f(lane_scale, sv);
+    store_f(lane_offset, ov);
+    for (int64_t lane = 0; lane < kLanes; ++lane) {
+      scale[lane_group(lane)] = lane_scale[lane];
+      offset[lane_group(lane)] = lane_offset[lane];
+    }
+    T* o = out + s * kSegment;
+    for (int64_t c2 = 0; c2 < kSegment; ++c2)
+      o[c2] = static_cast<T>(scale[c2 / kGroup] * q[c2] + offset[c2 / kGroup]);
+  }
+  if (k % kSegment) {
+    Tail tail;
+    decode_tail(w + full * segment_bytes(Type), Type, k % kSegment, &tail, false);
+    T* o = out + full * kSegment;
+    for (int64_t c2 = 0; c2 < k % kSegment; ++c2)
+      o[c2] = static_cast<T>(tail.scale[c2 / kGroup] * tail.q[c2] + tail.offset[c2 / kGroup]);
+  }
+}
+
+template <typename T>
+void packed_dequantize_rows(const uint8_t* p, int64_t row_bytes, int64_t type, int64_t k,
+                            int64_t n, T* out) {
+  parallel_shares(n, [&](int64_t row) {
+    const uint8_t* w = p + row * row_bytes;
+    T* o = out + row * k;
+    switch (type) {
+      case 6: packed_dequantize_row<6>(w, k, o); break;
+      case 7: packed_dequantize_row<7>(w, k, o); break;
+      case 12: packed_dequantize_row<12>(w, k, o); break;
+      case 13: packed_dequantize_row<13>(w, k, o); break;
+      default: packed_dequantize_row<14>(w, k, o); break;
+    }
+  });
+}
+
+at::Tensor kquant_packed_dequantize(const at::Tensor& packed, int64_t type, int64_t k,
+                                    at::ScalarType dtype) {
+  const int64_t row_bytes = check_packed("kquant_packed_dequantize", packed, type, k);
+  const int64_t n = packed.size(0);
+  at::Tensor out = at::empty({n, k}, packed.options().dtype(dtype));
+  const uint8_t* p = packed.const_data_ptr<uint8_t>();
+  if (dtype == at::kFloat) {
+    packed_dequantize_rows(p, row_bytes, type, k, n, out.mutable_data_ptr<float>());
+  } else {
+    TORCH_CHECK(dtype == at::kBFloat16,
+                "kquant_packed_dequantize: dtype must be float32 or bfloat16");
+    packed_dequantize_rows(p, row_bytes, type, k, n, out.mutable_data_ptr<c10::BFloat16>());
+  }
+  return out;
+}
+
 }  // namespace
 
 at::Tensor switchyard::kquant_matmul(const at::Tensor& x, const at::Tensor& blocks, int64_t type,
@@ -511,9 +1017,15 @@ at::Tensor switchyard::kquant_matmul(const at::Tensor& x, const at::Tensor& bloc
 TORCH_LIBRARY_FRAGMENT(switchyard_cpu, m) {
   m.def("kquant_mm(Tensor x, Tensor blocks, int type, int in_features) -> Tensor");
   m.def("kquant_dequantize(Tensor blocks, int type, int in_features, ScalarType dtype) -> Tensor");
+  m.def("kquant_pack(Tensor blocks, int type, int in_features) -> Tensor");
+  m.def("kquant_packed_mm(Tensor x, Tensor packed, int type, int in_features) -> Tensor");
+  m.def("kquant_packed_dequantize(Tensor packed, int type, int in_features, ScalarType dtype) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(switchyard_cpu, CPU, m) {
   m.impl("kquant_mm", &kquant_mm);
   m.impl("kquant_dequantize", &kquant_dequantize);
+  m.impl("kquant_pack", &kquant_pack);
+  m.impl("kquant_packed_mm", &kquant_packed_mm);
+  m.impl("kquant_packed_dequantize", &kquant_packed_dequantize);
 }

@@ -1,8 +1,12 @@
-"""KQuantLinear: GGUF Q5_0 / Q5_1 / Q5_K / Q6_K weights kept as the file stores them (its
-blocks, one row per output feature: the weight takes exactly the file's bytes), multiplied by
-our kernel on that layout (`cpu_kernels/kquant_dot.cpp`: each weight row decoded once per call
-into 8-bit codes, inputs quantized per 32 columns in two int8 passes as Int4Linear's
-`INT8_DOT_FINE`, integer dot products).
+"""KQuantLinear: GGUF Q5_0 / Q5_1 / Q5_K / Q6_K weights repacked once at load from the file's
+blocks into our kernel's layout (`cpu_kernels/kquant_dot.cpp`'s `kquant_pack`: per segment of
+columns, a 4-bit plane and a 2- or 1-bit plane interleaved for the SIMD lanes and the blocks'
+own scale bytes: the file's bytes for Q5_0 / Q5_1 / Q6_K, up to 3% more for Q5_K / Q4_K
+(6% on AVX2)), multiplied by `kquant_packed_mm` with no
+decoding per call: inputs quantized per 32 columns in two int8 passes as Int4Linear's
+`INT8_DOT_FINE`, integer dot products. The products and dequantization are exactly those of
+the file's blocks. The layout depends on the kernels' build variant (the weight cache's entry
+names it).
 
 Below `DENSE_MIN_ROWS` input rows (decode, decode batches, short prompts) the kernel runs;
 from there on (prefill) the kernel dequantizes the whole weight in the engine's dtype and the
@@ -45,22 +49,27 @@ class KQuantLinear(nn.Module):
         bias: torch.Tensor | None, device: torch.device, dtype: torch.dtype,
         shards: list[int] | None = None,
     ) -> None:
-        """blocks: uint8 [N, row bytes], the GGUF tensor's rows (fused shards concatenated)."""
+        """blocks: uint8 [N, row bytes], the GGUF tensor's rows (fused shards concatenated);
+        kept repacked (`packed`)."""
         super().__init__()
         self.qtype = int(qtype)
         self.type_name = qtype.name
         self.in_features, self.out_features = in_features, blocks.shape[0]
         self.shards = shards or [self.out_features]
         self.dtype = dtype
-        self.register_buffer("blocks", blocks.contiguous().to(device))
+        if not available(device, dtype):  # also loads our kernels' operators
+            raise RuntimeError(f"KQuantLinear: {unavailable_reason(device, dtype)}")
+        packed = torch.ops.switchyard_cpu.kquant_pack(blocks.contiguous().cpu(), self.qtype,
+                                                      in_features)
+        self.register_buffer("packed", packed.to(device))
         self.register_buffer("bias", None if bias is None else bias.to(device, dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x = x.reshape(-1, shape[-1])
         if x.shape[0] < DENSE_MIN_ROWS:
-            out = torch.ops.switchyard_cpu.kquant_mm(x.contiguous(), self.blocks, self.qtype,
-                                                     self.in_features)
+            out = torch.ops.switchyard_cpu.kquant_packed_mm(x.contiguous(), self.packed,
+                                                            self.qtype, self.in_features)
         else:
             out = x @ self.dense().to(x.dtype).t()
         if self.bias is not None:
@@ -69,13 +78,13 @@ class KQuantLinear(nn.Module):
 
     def rows(self, index: torch.Tensor) -> torch.Tensor:
         """Rows `index` of the weight in the engine's dtype (a tied embedding's lookups)."""
-        return torch.ops.switchyard_cpu.kquant_dequantize(
-            self.blocks[index], self.qtype, self.in_features, self.dtype)
+        return torch.ops.switchyard_cpu.kquant_packed_dequantize(
+            self.packed[index], self.qtype, self.in_features, self.dtype)
 
     def dense(self) -> torch.Tensor:
         """The weight as [N, K] in the engine's dtype."""
-        return torch.ops.switchyard_cpu.kquant_dequantize(
-            self.blocks, self.qtype, self.in_features, self.dtype)
+        return torch.ops.switchyard_cpu.kquant_packed_dequantize(
+            self.packed, self.qtype, self.in_features, self.dtype)
 
     def extra_repr(self) -> str:
         return (f"in={self.in_features}, out={self.out_features}, type={self.type_name}, "
@@ -83,5 +92,5 @@ class KQuantLinear(nn.Module):
 
 
 def kquant_kernel_name() -> str:
-    return f"kquant-dot (the file's blocks, int8 inputs per 32 columns; dequantize + matmul " \
-           f"from {DENSE_MIN_ROWS} rows)"
+    return ("kquant-dot (the file's blocks repacked for the SIMD lanes, int8 inputs per 32 "
+            f"columns; dequantize + matmul from {DENSE_MIN_ROWS} rows)")
