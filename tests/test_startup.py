@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.kernel_cache import seed_kernels
 from tests.test_end_to_end import _free_port, _wait_ready
 
 STAGES = ("checkpoint metadata", "weights", "tokenizer")
@@ -45,6 +46,7 @@ def _stages(log_file: Path) -> dict[str, bool]:
 def started(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A cold then a warm start of the default model on one cache; their logs beside it."""
     folder = tmp_path_factory.mktemp("starts")
+    seed_kernels(folder / "cache")  # the kernels' own cache is not what this checks
     _start(folder / "cache", folder / "cold.log")
     _start(folder / "cache", folder / "warm.log")
     return folder

@@ -193,16 +193,7 @@ def built_library(spec: KernelBuild) -> Path:
     """The library `spec` describes, from the cache or built there (sources in parallel,
     renamed into place: atomic); named by everything that goes into it."""
     folder = _kernel_dir()
-    objects = Path("obj")
-    commands = [*_compile_commands(spec, objects), _link_command(spec, objects, Path("out"))]
-    # The sources' folder is left out of the name: the same sources and flags make the same
-    # library wherever they are installed (a reinstall or another venv reuses it).
-    here = str(Path(__file__).parent)
-    key = hashlib.sha256("\n".join([
-        *[source.read_text() for source in (*spec.sources, *HEADERS, *spec.extra_headers)],
-        torch.__version__, *[" ".join(command).replace(here, "<sources>") for command in commands],
-    ]).encode()).hexdigest()[:16]
-    target = folder / f"{spec.prefix}-{spec.variant}-{key}.so"
+    target = folder / library_name(spec)
     if target.exists():
         return target
     start = time.perf_counter()
@@ -218,6 +209,26 @@ def built_library(spec: KernelBuild) -> Path:
     log.info("CPU kernels (%s) built in %.1fs: %s", spec.variant, time.perf_counter() - start,
              target)
     return target
+
+
+def library_name(spec: KernelBuild) -> str:
+    """The file name of the library `spec` describes: a hash of its sources, headers, torch's
+    version and the build commands, without the folders they run from."""
+    objects = Path("obj")
+    commands = [*_compile_commands(spec, objects), _link_command(spec, objects, Path("out"))]
+    key = hashlib.sha256("\n".join([
+        *[source.read_text() for source in (*spec.sources, *HEADERS, *spec.extra_headers)],
+        torch.__version__, *[_portable(" ".join(command)) for command in commands],
+    ]).encode()).hexdigest()[:16]
+    return f"{spec.prefix}-{spec.variant}-{key}.so"
+
+
+def _portable(command: str) -> str:
+    """`command` without the folders it was run from: the same sources, flags and torch version
+    make the same library wherever they are installed (a reinstall, a fresh clone or another
+    venv with the same torch reuses it)."""
+    torch_root = str(Path(torch.__file__).parent)
+    return command.replace(str(Path(__file__).parent), "<sources>").replace(torch_root, "<torch>")
 
 
 def _compile(commands: list[list[str]]) -> None:

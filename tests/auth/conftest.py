@@ -136,6 +136,9 @@ def replicas(
     """Two gateway processes sharing one Redis: `a` and `b`."""
     folder = tmp_path_factory.mktemp("replicas")
     tiny = tiny_model("llama_gqa")
+    from tests.kernel_cache import machine_kernels
+
+    machine_kernels()  # built here, not inside a replica's readiness deadline
     spawned = {name: _spawn(name, folder, redis_server.url, tiny) for name in ("a", "b")}
     started: list[Replica] = []
     try:

@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from tests.auth.conftest import ADMIN_KEY, REPO, RedisServer, free_port
+from tests.kernel_cache import seed_kernels
 
 MODEL = "tiny"
 WRONG_KEY = "sk-sy-" + "x" * 40
@@ -100,6 +101,7 @@ def _requests(url: str, run: Run) -> None:
 def run(redis_server: RedisServer, tiny_model: Callable[[str], Path],
         tmp_path_factory: pytest.TempPathFactory) -> Run:
     folder = tmp_path_factory.mktemp("json-logs")
+    seed_kernels(folder / "cache")
     port = free_port()
     env = {**os.environ, "SWITCHYARD_REDIS_URL": redis_server.url,
            "SWITCHYARD_ADMIN_KEY": ADMIN_KEY, "SWITCHYARD_LOG_FORMAT": "json",
