@@ -274,6 +274,9 @@ class BackendStats:
     request_timeouts: int = 0
     step_failures: int = 0
     failed_requests: int = 0
+    # Cumulative tokens routed to each expert of a mixture-of-experts model, summed over its MoE
+    # layers (empty for a dense model): an uneven spread is expert imbalance.
+    expert_tokens: tuple[int, ...] = ()
 
 
 class RequestError(Exception):

@@ -172,7 +172,13 @@ class BackendCollector(Collector):
                     for attr, name, doc in _CUMULATIVE]
         labelled = [(values, CounterMetricFamily(name, doc, labels=["model", label]))
                     for name, doc, label, values in _LABELLED]
+        experts = CounterMetricFamily(
+            "switchyard_moe_expert_tokens", "Tokens routed to each expert of a mixture-of-experts "
+            "model, summed over its MoE layers (an uneven spread is expert imbalance)",
+            labels=["model", "expert"])
         for name, stats in self._stats():
+            for expert, tokens in enumerate(stats.expert_tokens):
+                experts.add_metric([name, str(expert)], float(tokens))
             for attr, family in (*gauges, *counters):
                 family.add_metric([name], float(getattr(stats, attr)))
             for values, family in labelled:
@@ -181,6 +187,8 @@ class BackendCollector(Collector):
         yield from (family for _, family in gauges)
         yield from (family for _, family in counters)
         yield from (family for _, family in labelled)
+        if experts.samples:
+            yield experts
 
     def _stats(self) -> Iterator[tuple[str, BackendStats]]:
         for name, backend in self._backends():

@@ -19,6 +19,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import Any
 
 from backends.base import (
     Backend,
@@ -254,11 +255,7 @@ class ModelRouter:
                 if len(backends) == 1:
                     raise
                 log.exception("model %s: stats() of a deployment failed", self.model)
-        total: dict[str, int] = {}
-        for stats in results:
-            for name, value in vars(stats).items():
-                total[name] = total.get(name, 0) + value
-        return BackendStats(**total)
+        return summed_stats(results)
 
     def drain_step_timings(self) -> list[StepTiming]:
         steps: list[StepTiming] = []
@@ -267,3 +264,18 @@ class ModelRouter:
             if drain is not None:
                 steps.extend(drain())
         return steps
+
+
+def summed_stats(results: list[BackendStats]) -> BackendStats:
+    """Deployments' stats added field by field (per-expert counts expert by expert)."""
+    total: dict[str, Any] = {}
+    for stats in results:
+        for name, value in vars(stats).items():
+            if isinstance(value, tuple):
+                mine = total.get(name, ())
+                width = max(len(mine), len(value))
+                padded = [(*v, *(0,) * (width - len(v))) for v in (mine, value)]
+                total[name] = tuple(a + b for a, b in zip(*padded, strict=True))
+            else:
+                total[name] = total.get(name, 0) + value
+    return BackendStats(**total)

@@ -42,6 +42,7 @@ from backends.native.loading.load_progress import (
     tracking,
 )
 from backends.native.loading.startup_cache import LoadStages
+from backends.native.models.moe import routed_tokens
 from backends.native.queue_limits import WaitingRequests
 from backends.native.scheduling.deadlines import QUEUE_TIMEOUT, REQUEST_TIMEOUT
 from backends.text.prompt_checks import (
@@ -152,6 +153,7 @@ class NativeBackend:
                 "max_batch_prefill_tokens": self.config.max_batch_prefill_tokens,
                 "block_size": self.config.block_size,
                 "weight_bytes": loaded.weight_bytes,
+                "expert_bytes": loaded.expert_bytes,
                 "greedy_head_bytes": engine.runner.greedy_head_bytes,
                 "max_concurrent_requests": self.config.max_concurrent_requests,
                 "max_queued_requests": self.config.max_queued_requests,
@@ -191,6 +193,7 @@ class NativeBackend:
             request_timeouts=self.engine.num_request_timeouts,
             step_failures=self.engine.num_step_failures,
             failed_requests=self.engine.num_failed_requests,
+            expert_tokens=routed_tokens(self.engine.loaded.moe_blocks),
         )
 
     def drain_step_timings(self) -> list[StepTiming]:

@@ -37,7 +37,7 @@ class EngineLikeBackend(EchoBackend):
     def stats(self) -> BackendStats:
         return BackendStats(queue_size=2, running=3, kv_blocks_used=4, kv_blocks_total=16,
                             batch_max_tokens=300, batch_next_size=1, prefix_cache_queries=10,
-                            prefix_cache_hits=7, preemptions=2)
+                            prefix_cache_hits=7, preemptions=2, expert_tokens=(5, 0, 9))
 
     def drain_step_timings(self) -> list[StepTiming]:
         drained, self.steps = self.steps, []
@@ -170,6 +170,9 @@ def test_backend_metrics_read_at_scrape_time(http: httpx.Client, engine_like) ->
     }
     for name, value in expected.items():
         assert sample(text, name, model="engine") == value, name
+    experts = [sample(text, "switchyard_moe_expert_tokens_total", model="engine", expert=str(e))
+               for e in range(3)]
+    assert experts == [5, 0, 9]
     assert sample(text, "tgi_batch_forward_duration_count", model="engine", method="decode") >= 3
     again = http.get("/metrics").text  # drained: the same steps are not observed twice
     assert sample(again, "tgi_batch_forward_duration_count", model="engine", method="decode") \
@@ -185,6 +188,7 @@ def test_a_backend_without_step_timings_or_with_broken_stats(serve_app: ServeApp
     text = httpx.get(f"{url}/metrics").text
     assert sample(text, "tgi_queue_size", model="plain") == 0
     assert 'tgi_queue_size{model="broken"}' not in text
+    assert "switchyard_moe_expert_tokens" not in text  # no MoE model, no family
 
 
 def test_exact_counter_renders_tgi_names() -> None:

@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from backends.base import (
+    BackendStats,
     BackendUnavailable,
     DeploymentError,
     GenerationEvent,
@@ -21,6 +22,7 @@ from routing import (
     NoHealthyDeployment,
     RoutingPolicy,
 )
+from routing.router import summed_stats
 from tests.routing.fakes import Clock, FakeBackend
 
 POLICY = RoutingPolicy(cooldown_after_failures=2, cooldown_seconds=30, health_check_interval=10)
@@ -206,6 +208,12 @@ def test_count_tokens_info_and_stats_come_from_the_best_in_rotation() -> None:
     router.deployments[0].state = DeploymentState.UNHEALTHY
     assert router.info().name == "main"  # none in rotation: the best priority
     assert router.stats().running == 2 and router.stats().kv_blocks_total == 20
+
+
+def test_stats_sum_deployments_and_their_experts_expert_by_expert() -> None:
+    summed = summed_stats([BackendStats(running=1, expert_tokens=(4, 1)),
+                           BackendStats(running=2, expert_tokens=(1, 2, 3)), BackendStats()])
+    assert summed == BackendStats(running=3, expert_tokens=(5, 3, 3))
 
 
 def test_duplicate_deployment_names_are_refused() -> None:

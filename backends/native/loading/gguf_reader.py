@@ -5,7 +5,8 @@ qwen2 and qwen3 are written as they are); we undo that exactly as transformers' 
 does, so the weights match `from_pretrained`. phi3's attn_qkv and ffn_up (gate then up) come
 fused, as in its checkpoints (models/phi3.py splits them); its LongRoPE factors, tensors here,
 go into the config. gemma3's norm weights come with the 1 of Gemma's `(1 + weight)` added
-(its converter adds it); we take it off again.
+(its converter adds it); we take it off again. Mixture-of-experts files (qwen3moe, olmoe,
+llama with experts: Mixtral) are gguf_experts.py's.
 """
 
 from __future__ import annotations
@@ -20,11 +21,21 @@ import transformers
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, ReaderTensor
 from gguf.quants import dequantize
 
+from backends.native.loading.gguf_experts import (
+    ROUTER,
+    ROUTER_NAMES,
+    expert_hf_name,
+    expert_weights,
+    is_expert_tensor,
+    is_moe,
+    moe_config,
+    refuse_variants,
+)
 from backends.native.loading.gguf_rope import ROPE_FREQS, llama3_rope_scaling
 from backends.native.models.support import UnsupportedModelError
 from backends.quantized.gguf import KEPT_TYPES, GGUFRaw
 
-SUPPORTED_ARCHITECTURES = ("gemma3", "llama", "phi3", "qwen2", "qwen3")
+SUPPORTED_ARCHITECTURES = ("gemma3", "llama", "olmoe", "phi3", "qwen2", "qwen3", "qwen3moe")
 
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -62,7 +73,9 @@ _GEMMA3_NAMES = {
     "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
 }
 _ARCH_NAMES = {"qwen2": _BIAS_NAMES, "qwen3": _QK_NORM_NAMES, "phi3": _PHI3_NAMES,
-               "gemma3": _GEMMA3_NAMES}
+               "gemma3": _GEMMA3_NAMES, "llama": {ROUTER: ROUTER_NAMES["llama"]},
+               "qwen3moe": {**_QK_NORM_NAMES, ROUTER: ROUTER_NAMES["qwen3moe"]},
+               "olmoe": {**_QK_NORM_NAMES, ROUTER: ROUTER_NAMES["olmoe"]}}
 GEMMA3_SWA_PATTERN = 6  # llama.cpp's default: every sixth layer global
 GEMMA3_SWA_BASE = 10000.0  # llama.cpp's default rotary base of the local layers
 _ROPE_FACTORS = {"long_factor": "rope_factors_long.weight",
@@ -98,19 +111,23 @@ def gguf_architecture(reader: GGUFReader) -> str:
     if arch not in SUPPORTED_ARCHITECTURES:
         raise UnsupportedModelError(
             f"GGUF architecture {arch!r} is not supported by the native engine "
-            f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})."
+            f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)}); use --backend transformers."
         )
     return arch
 
 
 def gguf_config(reader: GGUFReader) -> transformers.PretrainedConfig:
-    """A LlamaConfig / Qwen2Config / Qwen3Config built from the GGUF metadata."""
+    """The transformers config (LlamaConfig, Qwen3Config, ...) built from the GGUF metadata."""
     arch = gguf_architecture(reader)
     names = {t.name for t in reader.tensors}
-    _refuse_unknown_tensors(arch, names)
 
     def meta(key: str, default: Any = None) -> Any:
         return field_value(reader, f"{arch}.{key}", default)
+
+    moe = is_moe(arch, meta)
+    if moe:
+        refuse_variants(arch, meta, names)
+    _refuse_unknown_tensors(arch, names, moe)
 
     hidden = int(meta("embedding_length"))
     heads = int(meta("attention.head_count"))
@@ -137,6 +154,13 @@ def gguf_config(reader: GGUFReader) -> transformers.PretrainedConfig:
         "eos_token_id": field_value(reader, "tokenizer.ggml.eos_token_id"),
         "pad_token_id": field_value(reader, "tokenizer.ggml.padding_token_id"),
     }
+    if ROPE_FREQS in names:  # Llama 3's scaling: a factor a frequency, not metadata
+        by_name = {t.name: t for t in reader.tensors}
+        kwargs["rope_scaling"] = llama3_rope_scaling(
+            dequantize_tensor(by_name[ROPE_FREQS]), kwargs["rope_theta"], rope_dim,
+            kwargs["max_position_embeddings"])
+    if moe:
+        return moe_config(arch, meta, kwargs, head_dim, names)
     if arch == "phi3":
         return _phi3_config(reader, meta, kwargs, rope_dim / head_dim)
     if arch == "gemma3":
@@ -145,11 +169,6 @@ def gguf_config(reader: GGUFReader) -> transformers.PretrainedConfig:
         return transformers.Qwen2Config(**kwargs)
     if arch == "qwen3":
         return transformers.Qwen3Config(head_dim=head_dim, **kwargs)
-    if ROPE_FREQS in names:  # Llama 3's scaling: a factor a frequency, not metadata
-        by_name = {t.name: t for t in reader.tensors}
-        kwargs["rope_scaling"] = llama3_rope_scaling(
-            dequantize_tensor(by_name[ROPE_FREQS]), kwargs["rope_theta"], rope_dim,
-            kwargs["max_position_embeddings"])
     return transformers.LlamaConfig(head_dim=head_dim, **kwargs)
 
 
@@ -158,7 +177,9 @@ def config_from_dict(raw: dict[str, Any]) -> transformers.PretrainedConfig:
     The concrete classes: transformers' AutoConfig machinery costs seconds to import."""
     classes = {"gemma3_text": transformers.Gemma3TextConfig,
                "llama": transformers.LlamaConfig, "phi3": transformers.Phi3Config,
-               "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config}
+               "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config,
+               "qwen3_moe": transformers.Qwen3MoeConfig, "olmoe": transformers.OlmoeConfig,
+               "mixtral": transformers.MixtralConfig}
     return classes[raw["model_type"]].from_dict(raw)
 
 
@@ -249,11 +270,20 @@ def hf_name(arch: str, gguf_name: str) -> str | None:
         return None
     layer, rest = match.groups()
     suffix = _ARCH_NAMES.get(arch, {}).get(rest) or _BLOCK_NAMES.get(rest)
-    return None if suffix is None else f"model.layers.{layer}.{suffix}"
+    return expert_hf_name(arch, gguf_name) if suffix is None else f"model.layers.{layer}.{suffix}"
 
 
-def _refuse_unknown_tensors(arch: str, names: set[str]) -> None:
-    unknown = sorted(n for n in names if hf_name(arch, n) is None and not _config_only(arch, n))
+def _refuse_unknown_tensors(arch: str, names: set[str], moe: bool) -> None:
+    """Refuse tensors with no HF name; routers and experts belong to MoE files only."""
+
+    def known(name: str) -> bool:
+        if _config_only(arch, name):
+            return True
+        if is_expert_tensor(name) or name.endswith(ROUTER) or expert_hf_name(arch, name):
+            return moe
+        return hf_name(arch, name) is not None
+
+    unknown = sorted(n for n in names if not known(n))
     if unknown:
         shown = ", ".join(unknown[:5]) + (" ..." if len(unknown) > 5 else "")
         raise UnsupportedModelError(
@@ -318,7 +348,7 @@ def _config_only(arch: str, gguf_name: str) -> bool:
 
 
 def _is_linear(name: str) -> bool:
-    return name == "lm_head.weight" or name.endswith("_proj.weight")
+    return name == "lm_head.weight" or name.endswith("_proj.weight") or ".experts." in name
 
 
 def iter_gguf_tensors(
@@ -330,6 +360,9 @@ def iter_gguf_tensors(
     tie_raw = keep_quantized and config.tie_word_embeddings and lm_head_kept(reader)
     for tensor in reader.tensors:
         if _config_only(arch, tensor.name):
+            continue
+        if is_expert_tensor(tensor.name):
+            yield from expert_weights(tensor, arch, keep_quantized)
             continue
         name = hf_name(arch, tensor.name)
         if name is None:

@@ -30,6 +30,7 @@ from backends.native.loading.startup_cache import (
 )
 from backends.native.loading.tokenizer_loading import load_tokenizer
 from backends.native.models import build_model, sliding_window
+from backends.native.models.moe import SparseMoeBlock, expert_bytes, moe_blocks
 from backends.native.models.support import check_supported
 from backends.quantized.config import GGUFConfig, QuantConfig, resolve_quantization
 from backends.quantized.gguf import GGUFFormats, gguf_formats
@@ -65,6 +66,8 @@ class LoadedModel:
     cpu_kernels: str | None = None  # our CPU kernels' variant, or `none (<why>)`; None: GPU
     sampling_defaults: SamplingDefaults = NO_SAMPLING_DEFAULTS  # the checkpoint's own
     gguf_formats: GGUFFormats | None = None  # GGUF: the types kept packed, tensors dequantized
+    expert_bytes: int = 0  # of weight_bytes, the experts' (mixture-of-experts models)
+    moe_blocks: tuple[SparseMoeBlock, ...] = ()  # their MoE layers, for the routing counts
 
 
 def load_model(config: EngineConfig) -> LoadedModel:
@@ -115,7 +118,8 @@ def load_model(config: EngineConfig) -> LoadedModel:
         sliding_window(hf_config), max_input, max_total, weight_bytes, quantization,
         dtype_choice.reason, cpu_kernels,
         checkpoint_sampling(config.model, checkpoint.sampling_defaults),
-        gguf_formats(model) if isinstance(quant, GGUFConfig) else None,
+        gguf_formats(model) if isinstance(quant, GGUFConfig) else None, expert_bytes(model),
+        tuple(moe_blocks(model)),
     )
 
 

@@ -122,6 +122,7 @@ def open_cache(root: Path | None, model_path: str) -> StartupCache | None:
 
 
 _READER_SOURCES = ("native/loading/loader.py", "native/loading/gguf_reader.py",
+                   "native/loading/gguf_experts.py", "native/loading/gguf_rope.py",
                    "native/loading/tokenizer_loading.py", "text/tokenizer.py")
 _READER_PACKAGES = ("transformers", "tokenizers", "gguf")
 

@@ -16,6 +16,8 @@ from backends.native.loading.loader import Checkpoint
 from backends.native.loading.startup_cache import StartupCache, reader_version
 from backends.text.tokenizer import Tokenizer
 
+_NO_TRANSFORMERS_CONFIG = ("olmoe",)
+
 
 def load_tokenizer(checkpoint: Checkpoint, cache: StartupCache | None = None) -> Tokenizer:
     """`cache`: a GGUF file's converted tokenizer is kept there (converting takes seconds)."""
@@ -44,7 +46,11 @@ def _load_saved(folder: Path) -> transformers.PreTrainedTokenizerBase:
 
 def _load_gguf_tokenizer(checkpoint: Checkpoint) -> transformers.PreTrainedTokenizerBase:
     folder, name = os.path.split(os.path.abspath(checkpoint.path))
-    hf = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True)
+    # AutoTokenizer first reads the file's config, refused for architectures transformers'
+    # GGUF loader lacks; the tokenizer itself is the file's tokenizer.ggml.* fields alone.
+    auto = checkpoint.metadata.get("general.architecture") not in _NO_TRANSFORMERS_CONFIG
+    loader = transformers.AutoTokenizer if auto else transformers.PreTrainedTokenizerFast
+    hf = loader.from_pretrained(folder, gguf_file=name, local_files_only=True)
     meta = checkpoint.metadata
     for attr, key in (
         ("bos_token", "tokenizer.ggml.bos_token_id"),

@@ -215,6 +215,6 @@ def _code_fingerprint() -> str:
         for path in sorted((_ROOT / folder).glob("*.py")):
             digest.update(path.name.encode())
             digest.update(path.read_bytes())
-    for name in ("gguf_reader.py", "weight_cache.py"):
+    for name in ("gguf_reader.py", "gguf_experts.py", "weight_cache.py"):
         digest.update((_ROOT / "backends/native/loading" / name).read_bytes())
     return digest.hexdigest()

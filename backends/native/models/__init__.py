@@ -7,17 +7,23 @@ from transformers import PretrainedConfig
 
 from backends.native.models.gemma3 import Gemma3ForCausalLM
 from backends.native.models.llama import LlamaForCausalLM
+from backends.native.models.mixtral import MixtralForCausalLM
+from backends.native.models.olmoe import OlmoeForCausalLM
 from backends.native.models.phi3 import Phi3ForCausalLM
 from backends.native.models.qwen3 import Qwen3ForCausalLM
+from backends.native.models.qwen3_moe import Qwen3MoeForCausalLM
 from backends.native.models.support import layer_windows
 
 ARCHITECTURES: dict[str, type[nn.Module]] = {
     "gemma3_text": Gemma3ForCausalLM,
     "llama": LlamaForCausalLM,
     "mistral": LlamaForCausalLM,
+    "mixtral": MixtralForCausalLM,
+    "olmoe": OlmoeForCausalLM,
     "phi3": Phi3ForCausalLM,
     "qwen2": LlamaForCausalLM,
     "qwen3": Qwen3ForCausalLM,
+    "qwen3_moe": Qwen3MoeForCausalLM,
 }
 
 

@@ -5,7 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
-SUPPORTED_MODEL_TYPES = ("gemma3_text", "llama", "mistral", "phi3", "qwen2", "qwen3")
+MOE_MODEL_TYPES = ("mixtral", "olmoe", "qwen3_moe")  # models/moe.py's sparse block
+SUPPORTED_MODEL_TYPES = ("gemma3_text", "llama", "mistral", "phi3", "qwen2", "qwen3",
+                         *MOE_MODEL_TYPES)
+# Config fields that ask for shared (always-on) experts beside the routed ones (Qwen2-MoE,
+# DeepSeek, Llama 4 ...): the native MoE block has routed experts only.
+SHARED_EXPERT_FIELDS = ("shared_expert_intermediate_size", "num_shared_experts",
+                        "n_shared_experts", "moe_shared_expert_intermediate_size")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 # Rotary kinds one architecture's own rotary implements (models/phi3.py: Phi3Rotary).
 ARCHITECTURE_ROPE_TYPES = {"phi3": ("default", "longrope")}
@@ -31,7 +37,7 @@ def check_supported(config: Any) -> None:
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise UnsupportedModelError(
             f"model_type {model_type!r} is not supported by the native engine "
-            f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)}); use the transformers backend."
+            f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)}); use --backend transformers."
         )
     _check_rope_scaling(config)
     act = activation(config)
@@ -50,6 +56,8 @@ def check_supported(config: Any) -> None:
             "native engine; use a GGUF file or --backend transformers."
         )
     _check_layer_types(config)
+    if model_type in MOE_MODEL_TYPES:
+        _check_moe(config)
     if model_type == "gemma3_text":
         _check_gemma3(config)
 
@@ -108,6 +116,28 @@ def _check_layer_types(config: Any) -> None:
     if len(types) != int(config.num_hidden_layers):
         raise UnsupportedModelError(
             f"layer_types has {len(types)} entries for {config.num_hidden_layers} layers.")
+
+
+def _check_moe(config: Any) -> None:
+    for name in SHARED_EXPERT_FIELDS:
+        if getattr(config, name, None):
+            raise UnsupportedModelError(
+                f"{config.model_type} with {name}={getattr(config, name)!r} (shared experts) is "
+                "not supported by the native engine; use --backend transformers."
+            )
+    experts, top_k = int(config.num_experts or 0), int(config.num_experts_per_tok or 0)
+    if config.model_type != "qwen3_moe" and experts == 0:  # Qwen3-MoE: then every layer dense
+        raise UnsupportedModelError(
+            f"{config.model_type} with num_experts=0 is not supported by the native engine; "
+            "use --backend transformers.")
+    if experts and not 0 < top_k <= experts:
+        raise UnsupportedModelError(
+            f"num_experts_per_tok={top_k} with {experts} experts is not supported by the "
+            "native engine; use --backend transformers.")
+    if config.model_type == "qwen3_moe" and int(getattr(config, "decoder_sparse_step", 1)) < 1:
+        raise UnsupportedModelError(
+            f"decoder_sparse_step={config.decoder_sparse_step} is not supported by the native "
+            "engine; use --backend transformers.")
 
 
 def _check_gemma3(config: Any) -> None:

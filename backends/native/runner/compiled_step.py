@@ -10,7 +10,8 @@ Shapes: one graph per region for batch 1 (dynamo specializes sizes of 1) and one
 dynamic batch for the rest; block tables are padded to at least two blocks (with block 0,
 masked out) so that their width stays dynamic. Row padding is never needed, so no padded row
 ever writes into the cache. Prepacked (`cpu_linear.PrepackedLinear`) and int4 Linears are
-custom ops the graph calls as they are.
+custom ops the graph calls as they are, and so is a mixture-of-experts block (models/moe.py:
+its data-dependent grouping of tokens by expert runs eagerly inside that one operator).
 
 Direct calls: dynamo's entry into a region (frame callback, guards over the layer's nested
 modules and ~20 tensors, input flattening) cost ~100 us a layer, a quarter of the default

@@ -27,7 +27,8 @@ QK_NORMS = ("self_attn.q_norm", "self_attn.k_norm")
 # is not in the C++ layer.
 LAYER_MODULES = {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm", *LINEARS}
 # The layer classes the C++ layers run, with their modules; Qwen3's per-head q / k norms are
-# the kernels' `qk_norm`.
+# the kernels' `qk_norm`. By exact type: the MoE models' layers (subclasses, their `mlp` a
+# sparse block, models/moe.py) are declined.
 COVERED_LAYERS = {LlamaDecoderLayer: LAYER_MODULES,
                   Qwen3DecoderLayer: LAYER_MODULES | set(QK_NORMS)}
 
