@@ -31,6 +31,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a file: make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.architectures import write_checkpoint  # noqa: E402
 from bench.common import (  # noqa: E402
     RunResult,
     configure_threads,
@@ -38,7 +39,6 @@ from bench.common import (  # noqa: E402
     machine_facts,
     random_prompts,
     resolve_bench_dtype,
-    write_default_tokenizer,
     write_json,
 )
 
@@ -98,18 +98,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--only", default=",".join(MODELS), help="comma-separated models")
     parser.add_argument("--json", default=None, help="also write figures + machine facts here")
     return parser.parse_args(argv)
-
-
-def write_checkpoint(folder: Path, config: Any) -> int:
-    """A random model of `config` in bf16 with the default tokenizer; its parameter count."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    model.save_pretrained(folder, safe_serialization=True)
-    write_default_tokenizer(folder)
-    return sum(p.numel() for p in model.parameters())
 
 
 def decode(folder: Path, prompts: list[list[int]], threads: int, dtype: str) -> RunResult:

@@ -21,10 +21,10 @@ _BLOCK = {
 
 
 def dequantized_copy(source: Path, path: Path) -> Path:
-    """`source` with every tensor dequantized to float32 by the gguf package (its metadata as
-    is): the reference the kept file must match."""
+    """`source` with every tensor dequantized to float32 by the gguf package (its metadata and
+    architecture as they are): the reference the kept file must match."""
     reader = GGUFReader(str(source))
-    writer = GGUFWriter(str(path), "llama")
+    writer = GGUFWriter(str(path), str(reader.get_field("general.architecture").contents()))
     for key, field in reader.fields.items():
         if key.startswith("GGUF.") or key == "general.architecture":
             continue

@@ -6,7 +6,6 @@ the llama architecture with its q / k rows permuted, and the default model's tok
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -14,12 +13,12 @@ from pathlib import Path
 import gguf
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
-from gguf.quants import dequantize
+from gguf import GGMLQuantizationType, GGUFWriter
 from safetensors.torch import load_file
 from transformers import AutoConfig, PretrainedConfig
 
-from tests.quantized.gguf_files import _copy_tokenizer, blocks
+from tests.native.models.tiny import gguf_writer
+from tests.quantized.gguf_files import blocks
 
 T = GGMLQuantizationType
 ARCHS = {"qwen3_moe": gguf.MODEL_ARCH.QWEN3MOE, "olmoe": gguf.MODEL_ARCH.OLMOE,
@@ -76,45 +75,10 @@ def write_moe_gguf(path: Path, folder: Path, tokenizer_gguf: str,
     return _close(writer, path)
 
 
-def dequantized_moe_copy(source: Path, path: Path) -> Path:
-    """`source` with every tensor dequantized to float32 by the gguf package, its metadata and
-    architecture as they are: the reference a file with packed experts must match."""
-    reader = GGUFReader(str(source))
-    arch = str(reader.get_field("general.architecture").contents())
-    writer = GGUFWriter(str(path), arch)
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture":
-            continue
-        kind = field.types[0]
-        sub = field.types[1] if kind == GGUFValueType.ARRAY else None
-        writer.add_key_value(key, field.contents(), kind, sub)
-    for tensor in reader.tensors:
-        shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
-        values = dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
-        writer.add_tensor(tensor.name, values.reshape(shape))
-    return _close(writer, path)
-
-
-@functools.cache
-def _tokenizer_source(path: str) -> GGUFReader:
-    """The default model's file, parsed once (its token arrays take seconds)."""
-    return GGUFReader(path)
-
-
 def _writer(path: Path, arch: gguf.MODEL_ARCH, config: PretrainedConfig,
             tokenizer_gguf: str) -> GGUFWriter:
-    """The metadata llama.cpp's converter writes for `config` (tiny.py's, plus the experts')."""
-    writer = GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[arch])
-    _copy_tokenizer(writer, _tokenizer_source(tokenizer_gguf))
-    writer.add_context_length(config.max_position_embeddings)
-    writer.add_embedding_length(config.hidden_size)
-    writer.add_block_count(config.num_hidden_layers)
-    writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_head_count(config.num_attention_heads)
-    writer.add_head_count_kv(config.num_key_value_heads)
-    writer.add_rope_freq_base(float(config.rope_parameters["rope_theta"]))
-    writer.add_layer_norm_rms_eps(float(config.rms_norm_eps))
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    """The metadata llama.cpp's converter writes for `config`: tiny.py's, plus the experts'."""
+    writer = gguf_writer(path, arch, config, tokenizer_gguf)
     experts = getattr(config, "num_local_experts", None) or config.num_experts
     writer.add_expert_count(experts)
     writer.add_expert_used_count(config.num_experts_per_tok)

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from backends.native.loading.gguf_rope import llama3_rope_scaling
 from backends.native.models.llama import LlamaForCausalLM
-from tests.native.models.tiny import TINY, VOCAB, _writer, write_tiny
+from tests.native.models.tiny import TINY, VOCAB, gguf_writer, write_tiny
 from tests.native.test_parity import (
     GREEDY,
     NEW_TOKENS,
@@ -75,7 +75,7 @@ def write_llama32_gguf(path: Path, folder: Path, tokenizer_gguf: str) -> Path:
     no output.weight (tied), and `rope_freqs.weight` for the llama3 scaling."""
     config = transformers.AutoConfig.from_pretrained(folder)
     head_dim = config.hidden_size // config.num_attention_heads
-    writer = _writer(path, gguf.MODEL_ARCH.LLAMA, config, tokenizer_gguf)
+    writer = gguf_writer(path, gguf.MODEL_ARCH.LLAMA, config, tokenizer_gguf)
     writer.add_vocab_size(config.vocab_size)
     writer.add_rope_dimension_count(head_dim)
     rope = config.rope_parameters

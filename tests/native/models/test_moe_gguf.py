@@ -30,7 +30,7 @@ from backends.quantized.int4_linear import Int4Linear
 from backends.quantized.kquant_linear import KQuantLinear
 from backends.quantized.q8_linear import Q8Linear
 from tests.native.models import moe_tiny
-from tests.native.models.moe_gguf import dequantized_moe_copy, write_moe_gguf
+from tests.native.models.moe_gguf import write_moe_gguf
 from tests.native.models.moe_tiny import moe_tweak
 from tests.native.models.tiny import VOCAB, write_tiny
 from tests.native.test_parity import (
@@ -39,6 +39,7 @@ from tests.native.test_parity import (
     make_engine,
     reference_greedy,
 )
+from tests.quantized.gguf_files import dequantized_copy
 from tests.quantized.helpers import native_greedy
 
 T = GGMLQuantizationType
@@ -77,7 +78,7 @@ def packed(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path,
                         moe_tiny.qwen3_moe_config(moe_intermediate_size=256), tweak=moe_tweak)
     path = write_moe_gguf(tmp / "packed.gguf", folder, default_gguf_path,
                           expert_type=PACKED_TYPES.__getitem__)
-    return path, dequantized_moe_copy(path, tmp / "dequantized.gguf")
+    return path, dequantized_copy(path, tmp / "dequantized.gguf")
 
 
 def test_config_and_tensors_are_the_folders(case: tuple[str, Path, Path], tmp_path: Path,

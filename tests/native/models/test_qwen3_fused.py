@@ -25,7 +25,7 @@ from backends.native.models.qwen3 import Qwen3DecoderLayer
 from backends.native.runner.compiled_step import _embed
 from backends.native.runner.fused_decode_layers import Bf16DecodeLayers, FusedDecodeLayers
 from tests.native.models.test_qwen3 import _norms_off_one, qwen3_config
-from tests.native.models.tiny import _writer, write_tiny
+from tests.native.models.tiny import gguf_writer, write_tiny
 from tests.native.runner.fused_layer_checks import counted_fused_calls, decode_rows, random_caches
 from tests.quantized.helpers import make_engine, native_greedy
 
@@ -53,7 +53,7 @@ def write_qwen3_q4_gguf(path: Path, folder: Path, tokenizer_gguf: str) -> Path:
     """`folder`'s weights under llama.cpp's qwen3 names, its linears Q4_0 and its embedding
     Q8_0 (quantized by the gguf package), norms float32."""
     config = transformers.AutoConfig.from_pretrained(folder)
-    writer = _writer(path, gguf.MODEL_ARCH.QWEN3, config, tokenizer_gguf)
+    writer = gguf_writer(path, gguf.MODEL_ARCH.QWEN3, config, tokenizer_gguf)
     writer.add_key_length(config.head_dim)
     writer.add_value_length(config.head_dim)
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN3, config.num_hidden_layers)

@@ -4,6 +4,7 @@ would write them to a GGUF file."""
 
 from __future__ import annotations
 
+import functools
 import math
 import shutil
 from collections.abc import Callable
@@ -48,7 +49,7 @@ def write_qwen3_gguf(path: Path, folder: Path, tokenizer_gguf: str) -> Path:
     converter permutes q/k rows for llama only), with the metadata its Qwen3 converter writes
     and the default model's tokenizer."""
     config = AutoModelForCausalLM.from_pretrained(folder).config
-    writer = _writer(path, gguf.MODEL_ARCH.QWEN3, config, tokenizer_gguf)
+    writer = gguf_writer(path, gguf.MODEL_ARCH.QWEN3, config, tokenizer_gguf)
     writer.add_key_length(config.head_dim)
     writer.add_value_length(config.head_dim)
     return _finish(writer, path, folder, gguf.MODEL_ARCH.QWEN3, config)
@@ -58,7 +59,7 @@ def write_phi3_gguf(path: Path, folder: Path, tokenizer_gguf: str) -> Path:
     """`folder`'s weights under llama.cpp's phi3 names (attn_qkv and ffn_up stay fused), with
     the metadata and LongRoPE factor tensors its Phi3 converter writes."""
     config = AutoModelForCausalLM.from_pretrained(folder).config
-    writer = _writer(path, gguf.MODEL_ARCH.PHI3, config, tokenizer_gguf)
+    writer = gguf_writer(path, gguf.MODEL_ARCH.PHI3, config, tokenizer_gguf)
     head_dim = config.hidden_size // config.num_attention_heads
     rope = config.rope_parameters
     writer.add_rope_dimension_count(int(head_dim * rope["partial_rotary_factor"]))
@@ -80,7 +81,7 @@ def write_gemma3_gguf(path: Path, folder: Path, tokenizer_gguf: str) -> Path:
     scaling, the window, no pattern and no local base (llama.cpp's defaults: every sixth
     layer global, base 10000)."""
     config = AutoModelForCausalLM.from_pretrained(folder).config
-    writer = _writer(path, gguf.MODEL_ARCH.GEMMA3, config, tokenizer_gguf)
+    writer = gguf_writer(path, gguf.MODEL_ARCH.GEMMA3, config, tokenizer_gguf)
     writer.add_key_length(config.head_dim)
     writer.add_value_length(config.head_dim)
     writer.add_sliding_window(config.sliding_window)
@@ -92,10 +93,16 @@ def write_gemma3_gguf(path: Path, folder: Path, tokenizer_gguf: str) -> Path:
                    shift=lambda name: 1.0 if name.endswith("norm.weight") else 0.0)
 
 
-def _writer(path: Path, arch: gguf.MODEL_ARCH, config: PretrainedConfig,
+@functools.cache
+def tokenizer_source(path: str) -> gguf.GGUFReader:
+    """The default model's file, parsed once (its token arrays take seconds)."""
+    return gguf.GGUFReader(path)
+
+
+def gguf_writer(path: Path, arch: gguf.MODEL_ARCH, config: PretrainedConfig,
             tokenizer_gguf: str) -> gguf.GGUFWriter:
     writer = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[arch])
-    _copy_tokenizer(writer, gguf.GGUFReader(tokenizer_gguf))
+    _copy_tokenizer(writer, tokenizer_source(tokenizer_gguf))
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
     writer.add_block_count(config.num_hidden_layers)
