@@ -19,6 +19,7 @@ process:
     switchyard_cpu::row_argmax        row_argmax.cpp: greedy sampling's argmax per row
     switchyard_cpu::q4_decode_layers  decode_layers.cpp: a decode step's 4-bit layers, chained
     switchyard_cpu::bf16_decode_layers  bf16_decode_layers.cpp: the same for bf16 kernel linears
+    switchyard_cpu::bf16_moe_experts  moe_experts.cpp: an MoE block's bf16 kernel experts, chained
     switchyard_cpu::greedy_head_argmax  greedy_head.cpp: greedy tokens without every logit
 
 The library is cached under the cache directory (`SWITCHYARD_CACHE_DIR`, default
@@ -76,12 +77,13 @@ SOURCES: dict[Path, tuple[str, ...]] = {
     Path(__file__).with_name("decode_layers.cpp"): (),
     Path(__file__).with_name("greedy_head.cpp"): (),
     Path(__file__).with_name("bf16_decode_layers.cpp"): (),
+    Path(__file__).with_name("moe_experts.cpp"): (),
 }
 # Sources with code for an extension only some CPUs of a variant have: its flag is added where
 # the CPU has it (else the source builds its operators as refusing stubs).
 OPTIONAL_ISA = {Path(__file__).with_name(name): ("avx512-vnni", "avx512_bf16", "-mavx512bf16")
                 for name in ("bf16_linear.cpp", "prefill_attention.cpp", "greedy_head.cpp",
-                             "bf16_decode_layers.cpp")}
+                             "bf16_decode_layers.cpp", "moe_experts.cpp")}
 HEADERS = (Path(__file__).with_name("simd.h"),
            Path(__file__).with_name("kernel_entry_points.h"),
            Path(__file__).with_name("work_shares.h"))
@@ -343,6 +345,11 @@ def _register_fake() -> None:
     @torch.library.register_fake("switchyard_cpu::bf16_silu_mul_linear")
     def _bf16_silu_mul_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
         return x.new_empty((*x.shape[:-1], packed.shape[0] * 8))
+
+    @torch.library.register_fake("switchyard_cpu::bf16_moe_experts")
+    def _bf16_moe_experts(grouped: torch.Tensor, counts: list[int], gate_up: list[torch.Tensor],
+                          down: list[torch.Tensor]) -> torch.Tensor:
+        return torch.empty_like(grouped)
 
     @torch.library.register_fake("switchyard_cpu::f32_linear")
     def _f32_linear(x: torch.Tensor, packed: torch.Tensor,

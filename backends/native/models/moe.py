@@ -12,16 +12,23 @@ The grouping is data dependent (how many tokens each expert gets), so it cannot 
 into the compiled steps' static graphs. The block is called there as one opaque operator
 (`switchyard::moe_block`), found by a handle tensor as prepacked weights are: one compiled
 layer graph still serves every layer, and the block itself runs eagerly inside it.
+
+Where every expert's linears run our bf16 kernel, the experts run in one C++ call
+(`switchyard_cpu::bf16_moe_experts`, cpu_kernels/moe_experts.cpp) with the kernels' results
+bit for bit: the Python loop's module calls, slices and cat cost more than the kernels at one
+token.
 """
 
 from __future__ import annotations
 
 import weakref
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from backends.native.layers.cpu_linear import PrepackedLinear
 from backends.native.models.llama import FusedLinear, LlamaMLP
 from backends.quantized.resident import resident_bytes
 
@@ -52,6 +59,30 @@ class ExpertMLP(nn.Module):
     forward = LlamaMLP.forward
 
 
+@dataclass(frozen=True)
+class FusedExperts:
+    """Every expert's packed weights for switchyard_cpu::bf16_moe_experts, by expert."""
+
+    gate_up: tuple[torch.Tensor, ...]
+    down: tuple[torch.Tensor, ...]
+
+
+def fused_experts(experts: nn.ModuleList) -> FusedExperts | None:
+    """The experts' packed weights where each runs our bf16 kernel throughout (gate / up
+    packed for silu_mul, down without bias), else None: the Python loop runs them."""
+    gate_up, down = [], []
+    for expert in experts:
+        first, second = expert.gate_up_proj, expert.down_proj
+        if not (isinstance(first, PrepackedLinear) and first.kernel == "bf16"
+                and first.fuses_silu_mul and first.bias is None
+                and isinstance(second, PrepackedLinear) and second.kernel == "bf16"
+                and not second.fuses_silu_mul and second.bias is None):
+            return None
+        gate_up.append(first.packed)
+        down.append(second.packed)
+    return FusedExperts(tuple(gate_up), tuple(down))
+
+
 class SparseMoeBlock(nn.Module):
     """`renormalize`: divide the top-k weights by their sum; `float32_weights`: apply them in
     float32 (Mixtral's router returns them so; Qwen3-MoE's and OLMoE's cast them to the
@@ -70,6 +101,11 @@ class SparseMoeBlock(nn.Module):
         _blocks.append(weakref.ref(self))
         with torch.device("cpu"):  # a plain attribute: survives building on the meta device
             self.handle = torch.tensor(len(_blocks) - 1)
+        # Decided on the first call (prepack_linears swaps the experts' linears after
+        # construction), the packed weights kept; None: the Python loop runs them. Experts
+        # replaced after that call are seen once `fused_decided` is reset.
+        self.fused: FusedExperts | None = None
+        self.fused_decided = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling():
@@ -103,14 +139,30 @@ class SparseMoeBlock(nn.Module):
         self.expert_tokens += counts
         token_of = order % tokens
         grouped = x.index_select(0, token_of)
+        y = self.run_experts(grouped, counts.tolist())
+        scaled = y * weights.t().reshape(-1).index_select(0, order)[:, None]
+        return torch.zeros_like(x).index_add_(0, token_of, scaled.to(x.dtype))
+
+    def uses_fused_experts(self) -> bool:
+        """Whether the experts run in one C++ call (decided once, on the first call)."""
+        if not self.fused_decided:
+            self.fused, self.fused_decided = fused_experts(self.experts), True
+        return self.fused is not None
+
+    def run_experts(self, grouped: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        """Each expert on its rows of `grouped` (grouped by expert, `counts` rows each)."""
+        if self.uses_fused_experts():
+            assert self.fused is not None
+            chosen = [expert for expert, count in enumerate(counts) if count]
+            return torch.ops.switchyard_cpu.bf16_moe_experts(
+                grouped, [counts[e] for e in chosen], [self.fused.gate_up[e] for e in chosen],
+                [self.fused.down[e] for e in chosen])
         outputs, start = [], 0
-        for expert, count in enumerate(counts.tolist()):
+        for expert, count in enumerate(counts):
             if count:
                 outputs.append(self.experts[expert](grouped[start:start + count]))
                 start += count
-        y = torch.cat(outputs) if len(outputs) > 1 else outputs[0]
-        scaled = y * weights.t().reshape(-1).index_select(0, order)[:, None]
-        return torch.zeros_like(x).index_add_(0, token_of, scaled.to(x.dtype))
+        return torch.cat(outputs) if len(outputs) > 1 else outputs[0]
 
 
 @torch.library.custom_op("switchyard::moe_block", mutates_args=())
