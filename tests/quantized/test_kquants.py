@@ -237,7 +237,9 @@ def test_info_lists_formats_kept_and_tensors_expanded(default_gguf_path: str,
         layer_type=lambda stem, layer: extra.get((stem, layer)) or _mix(T.Q4_K)(stem, layer))
     backend = NativeBackend(EngineConfig(model=str(path), served_model_name="tiny",
                                          dtype="float32", max_total_tokens=64, compile=False))
-    with running_server(create_app(Settings(), backends={"tiny": backend})) as url:
+    # The model loads in uvicorn's startup (the lifespan): a GGUF start takes seconds.
+    with running_server(create_app(Settings(), backends={"tiny": backend}),
+                        timeout_s=120) as url:
         _wait_ready(url)
         body = httpx.get(f"{url}/info").json()
     assert body["gguf_formats"] == {

@@ -30,7 +30,9 @@ def url(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path) -> Iterat
                         qwen3_moe_config(), tweak=moe_tweak)
     backend = NativeBackend(EngineConfig(model=str(folder), served_model_name="moe",
                                          dtype="float32", max_total_tokens=64, compile=False))
-    with running_server(create_app(Settings(), backends={"moe": backend})) as base:
+    # The model loads in uvicorn's startup (the lifespan).
+    with running_server(create_app(Settings(), backends={"moe": backend}),
+                        timeout_s=120) as base:
         _wait_ready(base)
         yield base
 
