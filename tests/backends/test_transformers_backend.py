@@ -208,7 +208,8 @@ async def test_cancellation_frees_the_worker(backend) -> None:
     assert len((await anext(stream)).tokens) == 1
     await stream.aclose()
     events = await asyncio.wait_for(
-        _run(backend, _request(SamplingParams(max_tokens=3), prompt_token_ids=[8, 9])), 30)
+        _run(backend, _request(SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True),
+                               prompt_token_ids=[8, 9])), 30)
     assert events[-1].finish_reason == "length"
     assert backend.generated_tokens - before < 250  # the long one stopped early
     assert backend.stats().running == 0 and backend.stats().queue_size == 0
