@@ -19,7 +19,7 @@ process:
     switchyard_cpu::row_argmax        row_argmax.cpp: greedy sampling's argmax per row
     switchyard_cpu::q4_decode_layers  decode_layers.cpp: a decode step's 4-bit layers, chained
     switchyard_cpu::bf16_decode_layers  bf16_decode_layers.cpp: the same for bf16 kernel linears
-    switchyard_cpu::bf16_moe_experts  moe_experts.cpp: an MoE block's bf16 kernel experts, chained
+    switchyard_cpu::bf16_moe_block    moe_block.cpp: an MoE block whose experts run the bf16 kernel
     switchyard_cpu::greedy_head_argmax  greedy_head.cpp: greedy tokens without every logit
 
 The library is cached under the cache directory (`SWITCHYARD_CACHE_DIR`, default
@@ -35,6 +35,7 @@ kernels). `SWITCHYARD_CPU_KERNELS` = `auto` (default) / `required` / `avx512-vnn
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import logging
@@ -77,13 +78,13 @@ SOURCES: dict[Path, tuple[str, ...]] = {
     Path(__file__).with_name("decode_layers.cpp"): (),
     Path(__file__).with_name("greedy_head.cpp"): (),
     Path(__file__).with_name("bf16_decode_layers.cpp"): (),
-    Path(__file__).with_name("moe_experts.cpp"): (),
+    Path(__file__).with_name("moe_block.cpp"): (),
 }
 # Sources with code for an extension only some CPUs of a variant have: its flag is added where
 # the CPU has it (else the source builds its operators as refusing stubs).
 OPTIONAL_ISA = {Path(__file__).with_name(name): ("avx512-vnni", "avx512_bf16", "-mavx512bf16")
                 for name in ("bf16_linear.cpp", "prefill_attention.cpp", "greedy_head.cpp",
-                             "bf16_decode_layers.cpp", "moe_experts.cpp")}
+                             "bf16_decode_layers.cpp", "moe_block.cpp")}
 HEADERS = (Path(__file__).with_name("simd.h"),
            Path(__file__).with_name("kernel_entry_points.h"),
            Path(__file__).with_name("work_shares.h"))
@@ -192,12 +193,24 @@ class KernelBuild:
 
 
 def built_library(spec: KernelBuild) -> Path:
-    """The library `spec` describes, from the cache or built there (sources in parallel,
-    renamed into place: atomic); named by everything that goes into it."""
+    """The library `spec` describes, from the cache or built there (sources a core each,
+    renamed into place: atomic; one build per library at a time on a machine); named by
+    everything that goes into it."""
     folder = _kernel_dir()
     target = folder / library_name(spec)
     if target.exists():
         return target
+    # One build of a library at a time on a machine: replicas or test processes starting on a
+    # cold cache wait for the first one's build instead of each compiling (and each holding
+    # a compiler's ~0.5 GB per source).
+    with open(target.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not target.exists():
+            _build_into(spec, folder, target)
+    return target
+
+
+def _build_into(spec: KernelBuild, folder: Path, target: Path) -> None:
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(dir=folder) as tmp:
         built = Path(tmp) / target.name
@@ -210,7 +223,6 @@ def built_library(spec: KernelBuild) -> Path:
         os.replace(built, target)
     log.info("CPU kernels (%s) built in %.1fs: %s", spec.variant, time.perf_counter() - start,
              target)
-    return target
 
 
 def library_name(spec: KernelBuild) -> str:
@@ -234,21 +246,30 @@ def _portable(command: str) -> str:
 
 
 def _compile(commands: list[list[str]]) -> None:
-    """Runs the compiles in parallel; BuildFailed with the first failure's message (the
-    others are stopped)."""
-    processes = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  text=True) for command in commands]
+    """Runs the compiles, as many at once as this process may use cores; BuildFailed with
+    the first failure's message (the others are stopped)."""
+    width = max(1, len(os.sched_getaffinity(0)))
+    running: list[subprocess.Popen[str]] = []
     try:
-        for process in processes:
-            _, errors = process.communicate(timeout=BUILD_TIMEOUT_S)
-            if process.returncode != 0:
-                log.debug("compiler stderr:\n%s", errors)
-                raise BuildFailed(compiler_message(errors))
+        for command in commands:
+            if len(running) == width:
+                _finish(running.pop(0))
+            running.append(subprocess.Popen(command, stdout=subprocess.PIPE,
+                                            stderr=subprocess.PIPE, text=True))
+        while running:
+            _finish(running.pop(0))
     finally:
-        for process in processes:
+        for process in running:
             if process.poll() is None:
                 process.kill()
                 process.wait()
+
+
+def _finish(process: subprocess.Popen[str]) -> None:
+    _, errors = process.communicate(timeout=BUILD_TIMEOUT_S)
+    if process.returncode != 0:
+        log.debug("compiler stderr:\n%s", errors)
+        raise BuildFailed(compiler_message(errors))
 
 
 def _compile_commands(spec: KernelBuild, folder: Path) -> list[list[str]]:
@@ -346,10 +367,11 @@ def _register_fake() -> None:
     def _bf16_silu_mul_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
         return x.new_empty((*x.shape[:-1], packed.shape[0] * 8))
 
-    @torch.library.register_fake("switchyard_cpu::bf16_moe_experts")
-    def _bf16_moe_experts(grouped: torch.Tensor, counts: list[int], gate_up: list[torch.Tensor],
-                          down: list[torch.Tensor]) -> torch.Tensor:
-        return torch.empty_like(grouped)
+    @torch.library.register_fake("switchyard_cpu::bf16_moe_block")
+    def _bf16_moe_block(x: torch.Tensor, logits: torch.Tensor, gate_up: torch.Tensor,
+                        down: torch.Tensor, top_k: int, renormalize: bool,
+                        float32_weights: bool, expert_tokens: torch.Tensor) -> torch.Tensor:
+        return torch.empty_like(x)
 
     @torch.library.register_fake("switchyard_cpu::f32_linear")
     def _f32_linear(x: torch.Tensor, packed: torch.Tensor,
