@@ -1,12 +1,13 @@
-"""One MoE block's experts: the Python loop over our bf16 kernel operators against one C++ call
-(switchyard_cpu::bf16_moe_experts), side by side in one process.
+"""One MoE block: the Python block over our bf16 kernel operators against one C++ call
+(switchyard_cpu::bf16_moe_block), side by side in one process.
 
 One SparseMoeBlock at Qwen3-MoE's shape in bench/moe.py (hidden 1024, 64 experts of 512, top
 8), random bf16 weights, prepacked for our bf16 kernel (AVX-512-BF16 CPUs only). Each call
 takes the next of 64 random inputs, so the experts chosen vary as in a model (192 MB of
 weights, more than the caches hold). Rounds alternate the two paths; a round is `--calls`
-calls, and the table gives the median round's µs per call of the whole block (routing, the
-experts, weighting and summing) and of the experts alone, and loop / C++.
+calls, and the table gives the median round's µs per call of the whole block (the router's
+matmul, softmax and top-k, grouping, the experts, weighting and summing) each way, and
+Python / C++.
 
     .venv/bin/python -m bench.moe_block [--threads 2] [--rows 1,16] [--rounds 9] [--calls 100]
         [--json out.json]
@@ -50,17 +51,6 @@ def _block() -> Any:
     return block
 
 
-def _grouped(block: Any, x: Any) -> tuple[Any, list[int]]:
-    """The experts' input as route_and_run builds it: rows grouped by expert, and counts."""
-    import torch
-
-    _, indices = block.route(x)
-    flat = indices.t().reshape(-1)
-    order = torch.sort(flat, stable=True).indices
-    counts = torch.bincount(flat, minlength=block.num_experts)
-    return x.index_select(0, order % x.shape[0]), counts.tolist()
-
-
 def _per_call_us(call: Callable[[int], Any], calls: int) -> float:
     start = time.perf_counter()
     for i in range(calls):
@@ -68,21 +58,18 @@ def _per_call_us(call: Callable[[int], Any], calls: int) -> float:
     return (time.perf_counter() - start) / calls * 1e6
 
 
-def _measure(block: Any, rows: int, rounds: int, calls: int) -> dict[str, dict[str, float]]:
-    """Median µs per call of each path, `block` and `experts` alone, rounds alternating."""
+def _measure(block: Any, rows: int, rounds: int, calls: int) -> dict[str, float]:
+    """Median µs per call of the block on each path, rounds alternating."""
     import torch
 
     generator = torch.Generator().manual_seed(rows)
     inputs = [torch.randn(rows, HIDDEN, generator=generator).bfloat16() for _ in range(INPUTS)]
-    groups = [_grouped(block, x) for x in inputs]
     fused = block.fused
-    paths = {"loop": None, "cpp": fused}
-    parts: dict[str, Callable[[int], Any]] = {
-        "block": lambda i: block.route_and_run(inputs[i % INPUTS]),
-        "experts": lambda i: block.run_experts(*groups[i % INPUTS]),
-    }
-    times: dict[str, dict[str, list[float]]] = {
-        part: {path: [] for path in paths} for part in parts}
+    paths = {"python": None, "cpp": fused}
+    times: dict[str, list[float]] = {path: [] for path in paths}
+
+    def call(i: int) -> Any:
+        return block.route_and_run(inputs[i % INPUTS])
     with torch.no_grad():
         for x in inputs[:4]:  # same output both ways, and warm
             block.fused = None
@@ -92,12 +79,10 @@ def _measure(block: Any, rows: int, rounds: int, calls: int) -> dict[str, dict[s
         for _ in range(rounds):
             for path, setting in paths.items():
                 block.fused = setting
-                for part, call in parts.items():
-                    call(0)
-                    times[part][path].append(_per_call_us(call, calls))
+                call(0)
+                times[path].append(_per_call_us(call, calls))
     block.fused = fused
-    return {part: {path: statistics.median(values) for path, values in by_path.items()}
-            for part, by_path in times.items()}
+    return {path: statistics.median(values) for path, values in times.items()}
 
 
 def main() -> None:
@@ -114,13 +99,12 @@ def main() -> None:
     print(facts_line(facts) + f" ({threading})")
     block = _block()
     results: dict[str, Any] = {}
-    print("\n| rows | part | torch loop µs | C++ µs | loop / C++ |\n|---:|---|---:|---:|---:|")
+    print("\n| rows | Python block µs | C++ µs | Python / C++ |\n|---:|---:|---:|---:|")
     for rows in (int(r) for r in args.rows.split(",")):
         measured = _measure(block, rows, args.rounds, args.calls)
         results[str(rows)] = measured
-        for part, by_path in measured.items():
-            loop, cpp = by_path["loop"], by_path["cpp"]
-            print(f"| {rows} | {part} | {loop:.0f} | {cpp:.0f} | {loop / cpp:.2f} |")
+        python, cpp = measured["python"], measured["cpp"]
+        print(f"| {rows} | {python:.0f} | {cpp:.0f} | {python / cpp:.2f} |")
     write_json(args.json, facts, results)
 
 

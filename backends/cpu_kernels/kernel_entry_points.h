@@ -1,5 +1,5 @@
 // Our operators' C++ entry points, for kernels that chain them without the dispatcher
-// (decode_layers.cpp, bf16_decode_layers.cpp, moe_experts.cpp): the same functions the operators
+// (decode_layers.cpp, bf16_decode_layers.cpp, moe_block.cpp): the same functions the operators
 // run.
 #pragma once
 

@@ -13,10 +13,10 @@ into the compiled steps' static graphs. The block is called there as one opaque 
 (`switchyard::moe_block`), found by a handle tensor as prepacked weights are: one compiled
 layer graph still serves every layer, and the block itself runs eagerly inside it.
 
-Where every expert's linears run our bf16 kernel, the experts run in one C++ call
-(`switchyard_cpu::bf16_moe_experts`, cpu_kernels/moe_experts.cpp) with the kernels' results
-bit for bit: the Python loop's module calls, slices and cat cost more than the kernels at one
-token.
+Where every expert's linears run our bf16 kernel, everything after the router's matmul runs in
+one C++ call (`switchyard_cpu::bf16_moe_block`, cpu_kernels/moe_block.cpp) with this module's
+results bit for bit: at one token the Python block's ~20 dispatcher calls, module calls,
+slices and cat cost as much as the kernels.
 """
 
 from __future__ import annotations
@@ -61,26 +61,31 @@ class ExpertMLP(nn.Module):
 
 @dataclass(frozen=True)
 class FusedExperts:
-    """Every expert's packed weights for switchyard_cpu::bf16_moe_experts, by expert."""
+    """Every expert's packed weights for switchyard_cpu::bf16_moe_block, stacked [E, ...]."""
 
-    gate_up: tuple[torch.Tensor, ...]
-    down: tuple[torch.Tensor, ...]
+    gate_up: torch.Tensor
+    down: torch.Tensor
 
 
 def fused_experts(experts: nn.ModuleList) -> FusedExperts | None:
-    """The experts' packed weights where each runs our bf16 kernel throughout (gate / up
-    packed for silu_mul, down without bias), else None: the Python loop runs them."""
-    gate_up, down = [], []
-    for expert in experts:
-        first, second = expert.gate_up_proj, expert.down_proj
+    """The experts' packed weights stacked, where each runs our bf16 kernel throughout (gate /
+    up packed for silu_mul, down without bias), else None: the Python loop runs them. Each
+    linear keeps a view of its stacked weight, so the weights are held once."""
+    firsts, seconds = [e.gate_up_proj for e in experts], [e.down_proj for e in experts]
+    for first, second in zip(firsts, seconds, strict=True):
         if not (isinstance(first, PrepackedLinear) and first.kernel == "bf16"
                 and first.fuses_silu_mul and first.bias is None
                 and isinstance(second, PrepackedLinear) and second.kernel == "bf16"
                 and not second.fuses_silu_mul and second.bias is None):
             return None
-        gate_up.append(first.packed)
-        down.append(second.packed)
-    return FusedExperts(tuple(gate_up), tuple(down))
+    return FusedExperts(_stacked(firsts), _stacked(seconds))
+
+
+def _stacked(linears: list[PrepackedLinear]) -> torch.Tensor:
+    stacked = torch.stack([linear.packed for linear in linears])
+    for index, linear in enumerate(linears):
+        linear.packed = stacked[index]
+    return stacked
 
 
 class SparseMoeBlock(nn.Module):
@@ -126,6 +131,11 @@ class SparseMoeBlock(nn.Module):
 
     def route_and_run(self, x: torch.Tensor) -> torch.Tensor:
         """The block's output [T, H]: each chosen expert runs once on its own tokens."""
+        if self.uses_fused_experts():
+            assert self.fused is not None
+            return torch.ops.switchyard_cpu.bf16_moe_block(
+                x, self.gate(x), self.fused.gate_up, self.fused.down, self.top_k,
+                self.renormalize, self.float32_weights, self.expert_tokens)
         tokens = x.shape[0]
         if tokens == 0:
             return torch.zeros_like(x)
@@ -144,19 +154,13 @@ class SparseMoeBlock(nn.Module):
         return torch.zeros_like(x).index_add_(0, token_of, scaled.to(x.dtype))
 
     def uses_fused_experts(self) -> bool:
-        """Whether the experts run in one C++ call (decided once, on the first call)."""
+        """Whether the block runs in one C++ call (decided once, on the first call)."""
         if not self.fused_decided:
             self.fused, self.fused_decided = fused_experts(self.experts), True
         return self.fused is not None
 
     def run_experts(self, grouped: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """Each expert on its rows of `grouped` (grouped by expert, `counts` rows each)."""
-        if self.uses_fused_experts():
-            assert self.fused is not None
-            chosen = [expert for expert, count in enumerate(counts) if count]
-            return torch.ops.switchyard_cpu.bf16_moe_experts(
-                grouped, [counts[e] for e in chosen], [self.fused.gate_up[e] for e in chosen],
-                [self.fused.down[e] for e in chosen])
         outputs, start = [], 0
         for expert, count in enumerate(counts):
             if count:
