@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from auth.access import AccessPolicy, OpenAccess
+from auth.admin_key import check_admin_key
 from auth.keys import KeyDeclaration
 from auth.limits import LEASE_TTL_S, WINDOW_S, Limiter
 from auth.memory_limiter import MemoryLimiter
@@ -35,6 +36,8 @@ class AuthConfig:
 def build_access(config: AuthConfig) -> AccessPolicy:
     if not config.enabled:
         return OpenAccess()
+    if config.admin_key is not None:
+        check_admin_key(config.admin_key)  # a weak or placeholder key stops the server here
     if config.redis_url is None:
         store = _declared(config) or MemoryKeyStore()
         limiter = MemoryLimiter(window_s=config.window_s, lease_ttl_s=config.lease_ttl_s)

@@ -34,7 +34,7 @@ import httpx
 from bench.common import facts_line, machine_facts, write_json
 from bench.gateway_process import InstantBackend, percentiles, serve_app, wait_for_gateway
 
-ADMIN_KEY = "bench-admin-key"
+ADMIN_KEY = "bench-admin-key-" + "0123456789abcdef" * 2  # the server wants 32+ characters
 BODY = {"model": "null", "messages": [{"role": "user", "content": "one two three four"}],
         "max_tokens": 1}
 LIMITS = {"rpm": 10_000_000, "tpm": 1_000_000_000, "parallel": 1000, "budget": 10**15}

@@ -47,7 +47,7 @@ import httpx
 from bench.soak_traffic import Tally, one
 
 MODEL = "soak-model"
-ADMIN_KEY = "sy-admin-soak-" + os.urandom(8).hex()
+ADMIN_KEY = "sy-admin-soak-" + os.urandom(16).hex()  # 32+ characters, or the server refuses it
 REPO = Path(__file__).resolve().parents[1]
 
 

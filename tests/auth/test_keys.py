@@ -84,7 +84,7 @@ def test_file_store_is_read_only() -> None:
 
 def test_open_mode_only_without_any_auth_setting() -> None:
     assert type(build_access(AuthConfig())).__name__ == "OpenAccess"
-    assert isinstance(build_access(AuthConfig(admin_key="x")), KeyAccess)
+    assert isinstance(build_access(AuthConfig(admin_key="x" * 32)), KeyAccess)
 
 
 async def test_policy_answers() -> None:

@@ -42,7 +42,7 @@ MAX_EXAMPLES = int(os.environ.get("SWITCHYARD_FUZZ_EXAMPLES", "25"))
 REQUEST_TIMEOUT_S = 10.0
 MODEL = "echo"
 TGI_ROUTES = frozenset({"/generate", "/generate_stream", "/", "/info"})
-ADMIN_KEY = "sy-admin-" + secrets.token_urlsafe(16)
+ADMIN_KEY = "sy-admin-" + secrets.token_urlsafe(32)
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
           response_schema_conformance]
 

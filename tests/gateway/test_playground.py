@@ -33,7 +33,7 @@ from tests.gateway.echo_backend import WORDS, EchoBackend
 
 REPO = Path(__file__).resolve().parents[2]
 STATIC = REPO / "gateway" / "playground"
-ADMIN_KEY = "sy-admin-" + secrets.token_urlsafe(16)
+ADMIN_KEY = "sy-admin-" + secrets.token_urlsafe(32)
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 TIMEOUT_MS = 15_000
 # Predicates as functions: a string expression would be eval'd, which the page's CSP forbids.

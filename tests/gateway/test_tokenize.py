@@ -20,6 +20,7 @@ from tests.gateway.echo_backend import EchoBackend
 
 MODEL = "tiny-llama"
 PROMPT = "Once upon a time, a brave little toaster"
+ADMIN_SECRET = "sy-admin-" + "s3cr3t" * 6  # the server refuses admin keys under 32 characters
 MESSAGES = [{"role": "system", "content": "Be brief."},
             {"role": "user", "content": "Tell me a story."}]
 
@@ -102,13 +103,13 @@ def test_bad_requests(http: httpx.Client, path: str, body: dict, status: int,
 
 
 def test_guarded_like_the_generation_routes(serve_app: ServeApp) -> None:
-    url = serve_app(create_app(Settings(admin_key="admin-secret"),
+    url = serve_app(create_app(Settings(admin_key=ADMIN_SECRET),
                                backends={"echo": EchoBackend()}))
     for path, body in (("/tokenize", {"prompt": "a b"}), ("/detokenize", {"tokens": [1]})):
         assert httpx.post(f"{url}{path}", json=body).status_code == 401
         response = httpx.post(f"{url}{path}", json=body,
-                              headers={"Authorization": "Bearer admin-secret"})
+                              headers={"Authorization": f"Bearer {ADMIN_SECRET}"})
         assert response.status_code != 401
     detok = httpx.post(f"{url}/detokenize", json={"tokens": [1, 2]},
-                       headers={"Authorization": "Bearer admin-secret"})
+                       headers={"Authorization": f"Bearer {ADMIN_SECRET}"})
     assert detok.json() == {"prompt": "beta gamma"}
