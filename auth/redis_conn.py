@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
@@ -34,14 +34,19 @@ def connect(url: str) -> Redis:
 
 
 def redacted(url: str) -> str:
-    """The URL without its password, for logs."""
+    """The URL without its secrets, for logs: the userinfo (`user:password@`, or a lone token
+    in the user's place) and the values of `password` query parameters become `***`."""
     parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = "***@" + netloc.rpartition("@")[2]
+    query = "&".join(_redacted_parameter(p) for p in parts.query.split("&")) if parts.query else ""
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
+
+
+def _redacted_parameter(parameter: str) -> str:
+    name, equals, _ = parameter.partition("=")
+    return f"{name}=***" if equals and unquote(name).lower() == "password" else parameter
 
 
 @contextmanager
