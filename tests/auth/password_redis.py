@@ -1,8 +1,8 @@
 """A real redis-server that requires a password, started from a given command line.
 
 The deployment tests pass the exact `redis-server ...` command a compose file or manifest
-gives Redis; only the port, bind address and data folder are appended (later arguments win
-in redis-server), so what is tested is what ships.
+gives Redis; only the port, bind address and data folder are set here (replaced where the
+command names them), so what is tested is what ships.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ class PasswordRedis:
             raise ValueError(f"not a redis-server command: {command}")
         self.port = free_port()
         self.password = password
-        self.argv = [binary, *command[1:], "--port", str(self.port), "--bind", "127.0.0.1",
-                     "--dir", str(folder), "--save", ""]
+        local = {"--port": str(self.port), "--bind": "127.0.0.1", "--dir": str(folder)}
+        self.argv = [binary, *_replaced(list(command[1:]), local), "--save", ""]
         self.proc: subprocess.Popen[bytes] | None = None
 
     def send(self, *commands: Sequence[str]) -> list[bytes]:
@@ -70,6 +70,16 @@ class PasswordRedis:
             self.proc.terminate()
             self.proc.wait(10)
             self.proc = None
+
+
+def _replaced(args: list[str], values: dict[str, str]) -> list[str]:
+    """`args` with each `--name value` of `values` set to its value (appended if absent)."""
+    for name, value in values.items():
+        if name in args:
+            args[args.index(name) + 1] = value
+        else:
+            args += [name, value]
+    return args
 
 
 def _read_line(sock: socket.socket) -> bytes:

@@ -2,10 +2,11 @@
 
 Without a cluster: every document parses and (with kubernetes-validate, the API's own
 OpenAPI schemas shipped in a wheel) validates strictly; the container's args parse with the
-real `switchyard serve` parser and, with the ConfigMap's and Secret's variables, make valid
-Settings; the models file loads with the real loader; probes and the scrape path are routes
-the app serves; names, labels, ports and volumes refer to each other; the HPA's metric is
-one a running gateway exports, and the prometheus-adapter rule serves it.
+real `switchyard serve` parser and, with the ConfigMap's variables and the Secrets the
+README's commands create, make valid Settings; the models file loads with the real loader;
+probes and the scrape path are routes the app serves; names, labels, ports and volumes
+refer to each other; the HPA's metric is one a running gateway exports, and the
+prometheus-adapter rule serves it.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from backends.native.config import EngineConfig
 from gateway.cli import build_parser, settings_from_args
 from gateway.models_file import load_config_file
 from gateway.settings import Settings
+from tests.deploy.k8s_objects import environment, user_secrets
 from tests.deploy.metrics_exposition import Exposition, metric_names, traffic_gateway
 
 REPO = Path(__file__).resolve().parents[2]
@@ -36,16 +38,17 @@ EXPECTED = {  # file -> (apiVersion, kind) of its documents
     "namespace.yaml": [("v1", "Namespace")],
     "configmap.yaml": [("v1", "ConfigMap")],
     "models-configmap.yaml": [("v1", "ConfigMap")],
-    "secret.yaml": [("v1", "Secret")],
     "model-pvc.yaml": [("v1", "PersistentVolumeClaim")],
     "redis.yaml": [("v1", "Service"), ("apps/v1", "StatefulSet")],
+    "redis-networkpolicy.yaml": [("networking.k8s.io/v1", "NetworkPolicy")],
     "deployment.yaml": [("apps/v1", "Deployment")],
     "service.yaml": [("v1", "Service")],
     "hpa.yaml": [("autoscaling/v2", "HorizontalPodAutoscaler")],
     ADAPTER_RULES: [("v1", "ConfigMap")],
 }
 # Variables the pods may carry beside SWITCHYARD_* settings.
-OTHER_ENV = {"HF_HUB_OFFLINE", "TOKENIZERS_PARALLELISM", "OMP_NUM_THREADS"}
+OTHER_ENV = {"HF_HUB_OFFLINE", "TOKENIZERS_PARALLELISM", "OMP_NUM_THREADS", "HOME",
+             "REDIS_PASSWORD"}
 Doc = dict[str, Any]
 
 
@@ -93,19 +96,16 @@ def _get(gateway: tuple[str, Exposition], path: str) -> int:
     return httpx.get(gateway[0] + path, timeout=10).status_code
 
 
+@pytest.fixture(scope="module")
+def secrets() -> dict[str, dict[str, str]]:
+    """The Secrets the user creates with deploy/README.md's commands (none ship)."""
+    return user_secrets()
+
+
 def _environment(docs: dict[tuple[str, str], Doc], container: Doc) -> dict[str, str]:
     """The container's environment, as the kubelet would set it."""
-    env: dict[str, str] = {}
-    for source in container.get("envFrom", []):
-        env.update(docs[("ConfigMap", source["configMapRef"]["name"])]["data"])
-    for var in container.get("env", []):
-        if "value" in var:
-            env[var["name"]] = var["value"]
-            continue
-        ref = var["valueFrom"]["secretKeyRef"]
-        secret = docs[("Secret", ref["name"])]
-        env[var["name"]] = {**secret.get("stringData", {}), **secret.get("data", {})}[ref["key"]]
-    return env
+    config_maps = {name: doc["data"] for (kind, name), doc in docs.items() if kind == "ConfigMap"}
+    return environment(container, config_maps, user_secrets())
 
 
 def _settings(docs: dict[tuple[str, str], Doc], container: Doc,
@@ -201,12 +201,12 @@ def test_environment_names_are_real_settings(docs: dict[tuple[str, str], Doc],
 
 
 def test_the_admin_key_comes_from_the_secret(docs: dict[tuple[str, str], Doc],
-                                             container: Doc) -> None:
+                                             container: Doc,
+                                             secrets: dict[str, dict[str, str]]) -> None:
     (var,) = [v for v in container["env"] if v["name"] == "SWITCHYARD_ADMIN_KEY"]
     ref = var["valueFrom"]["secretKeyRef"]
-    secret = docs[("Secret", ref["name"])]
-    assert ref["key"] in secret["stringData"]
-    assert "CHANGE-ME" in secret["stringData"][ref["key"]]  # a placeholder, visibly
+    assert ("Secret", ref["name"]) not in docs  # no Secret ships: the user makes it
+    assert len(secrets[ref["name"]][ref["key"]]) >= 32  # as the README makes it
     for source in container["envFrom"]:  # and never from a ConfigMap
         assert "SWITCHYARD_ADMIN_KEY" not in docs[("ConfigMap", source["configMapRef"]["name"])][
             "data"]
@@ -344,10 +344,10 @@ def test_the_gateway_reaches_redis_through_its_service(
         docs: dict[tuple[str, str], Doc], container: Doc, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     url = _settings(docs, container, monkeypatch).redis_url
-    match = re.fullmatch(r"redis://([\w.-]+):(\d+)/\d+", url or "")
-    assert match, url
-    svc = docs[("Service", match.group(1))]
-    assert int(match.group(2)) in {p["port"] for p in svc["spec"]["ports"]}
+    match = re.fullmatch(r"redis://:([0-9a-f]{64})@([\w.-]+):(\d+)/\d+", url or "")
+    assert match, url  # with the password of the switchyard-redis Secret
+    svc = docs[("Service", match.group(2))]
+    assert int(match.group(3)) in {p["port"] for p in svc["spec"]["ports"]}
 
 
 # ---- autoscaling --------------------------------------------------------------------------
