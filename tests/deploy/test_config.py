@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
 import yaml
 
+from tests.deploy.compose import COMPOSE, COMPOSE_CUDA, SECRETS, compose
 from tests.deploy.envoy_proxy import SHIPPED, envoy_binary, render, upstream_names
 
-REPO = Path(__file__).resolve().parents[2]
-COMPOSE = REPO / "docker-compose.yml"
-COMPOSE_CUDA = REPO / "docker-compose.cuda.yml"
+REDIS_URL = f"redis://:{SECRETS['REDIS_PASSWORD']}@redis:6379/0"
 
 
 def _validate(config: Path) -> subprocess.CompletedProcess[str]:
@@ -57,19 +54,9 @@ def test_the_rendered_test_config_changes_only_addresses(tmp_path: Path) -> None
     assert _validate(tmp_path / "rendered.yaml").returncode == 0
 
 
-def _compose(*args: str, env: dict[str, str], files: tuple[Path, ...] = (COMPOSE,),
-             ) -> subprocess.CompletedProcess[str]:
-    binary = shutil.which("docker-compose")
-    if binary is None:
-        pytest.skip("docker-compose is not installed (scripts/setup.sh installs it with apt-get)")
-    named = [arg for path in files for arg in ("-f", str(path))]
-    return subprocess.run([binary, *named, *args], capture_output=True, text=True,
-                          timeout=60, cwd=REPO, env=env)
-
-
 def test_docker_compose_accepts_the_file() -> None:
-    env = {**os.environ, "SWITCHYARD_ADMIN_KEY": "a-long-random-secret"}
-    result = _compose("config", env=env)
+    env = {**os.environ, **SECRETS}
+    result = compose("config", env=env)
     assert result.returncode == 0, result.stderr
     config = yaml.safe_load(result.stdout)
     services = config["services"]
@@ -77,27 +64,28 @@ def test_docker_compose_accepts_the_file() -> None:
     assert services["envoy"]["ports"][0]["published"] in (8080, "8080")
     for name in upstream_names():  # the names envoy.yaml routes to are compose services
         gateway = services[name]
-        assert gateway["environment"]["SWITCHYARD_ADMIN_KEY"] == "a-long-random-secret"
-        assert gateway["environment"]["SWITCHYARD_REDIS_URL"] == "redis://redis:6379/0"
+        assert gateway["environment"]["SWITCHYARD_ADMIN_KEY"] == SECRETS["SWITCHYARD_ADMIN_KEY"]
+        assert gateway["environment"]["SWITCHYARD_REDIS_URL"] == REDIS_URL
         assert gateway["command"][gateway["command"].index("--port") + 1] == "8000"
         assert gateway["depends_on"]["redis"]["condition"] == "service_healthy"
         assert services["envoy"]["depends_on"][name]["condition"] == "service_healthy"
 
 
 def test_docker_compose_requires_an_admin_key() -> None:
-    env = {k: v for k, v in os.environ.items() if k != "SWITCHYARD_ADMIN_KEY"}
-    result = _compose("config", env=env)
+    env = {**{k: v for k, v in os.environ.items() if k != "SWITCHYARD_ADMIN_KEY"},
+           "REDIS_PASSWORD": SECRETS["REDIS_PASSWORD"]}
+    result = compose("config", env=env)
     assert result.returncode != 0 and "SWITCHYARD_ADMIN_KEY" in result.stderr
 
 
 def test_the_cuda_override_builds_the_cuda_image_with_gpus() -> None:
-    env = {**os.environ, "SWITCHYARD_ADMIN_KEY": "a-long-random-secret"}
-    result = _compose("config", env=env, files=(COMPOSE, COMPOSE_CUDA))
+    env = {**os.environ, **SECRETS}
+    result = compose("config", env=env, files=(COMPOSE, COMPOSE_CUDA))
     assert result.returncode == 0, result.stderr
     services = yaml.safe_load(result.stdout)["services"]
     for name in upstream_names():
         assert services[name]["build"]["dockerfile"] == "Dockerfile.cuda"
         (device,) = services[name]["deploy"]["resources"]["reservations"]["devices"]
         assert device["capabilities"] == ["gpu"]
-        assert services[name]["environment"]["SWITCHYARD_REDIS_URL"] == "redis://redis:6379/0"
+        assert services[name]["environment"]["SWITCHYARD_REDIS_URL"] == REDIS_URL
     assert services["envoy"]["image"].startswith("envoyproxy/envoy:")
