@@ -1,6 +1,10 @@
 # Switchyard, CPU image: the gateway + native engine + the default model, baked in.
-#   docker build -t switchyard:cpu .
-#   docker run -p 8080:8080 switchyard:cpu serve --model-id default --hostname 0.0.0.0
+#   docker build -t switchyard:0.1.0 .
+#   docker run -p 127.0.0.1:8000:8000 \
+#     -e SWITCHYARD_ADMIN_KEY="$(python3 -c 'import secrets; print(secrets.token_urlsafe(32))')" \
+#     switchyard:0.1.0
+# The image listens on 0.0.0.0:8000; with no admin key (and no Redis URL) it would serve
+# anyone who reaches the port with no key at all, so the examples always set one.
 # Build time needs the network (PyPI, the PyTorch CPU index); run time needs none.
 FROM python:3.11-slim
 
