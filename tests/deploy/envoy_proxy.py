@@ -120,6 +120,21 @@ class EnvoyProcess:
                 return int(value)
         raise KeyError(name)
 
+    def host_counters(self, cluster: str, counter: str = "rq_total") -> dict[str, int]:
+        """A per-replica counter of `cluster` ("127.0.0.1:<port>" -> value), from the admin
+        interface's /clusters: which replica served what, without any response header."""
+        response = httpx.get(f"{self.admin}/clusters", params={"format": "json"}, timeout=5)
+        response.raise_for_status()
+        out: dict[str, int] = {}
+        for status in response.json()["cluster_statuses"]:
+            if status["name"] != cluster:
+                continue
+            for host in status.get("host_statuses", []):
+                address = host["address"]["socket_address"]
+                values = {s["name"]: int(s.get("value", 0)) for s in host.get("stats", [])}
+                out[f"{address['address']}:{address['port_value']}"] = values.get(counter, 0)
+        return out
+
     def logs(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 

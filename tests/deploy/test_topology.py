@@ -32,6 +32,15 @@ def upstream_requests(topology: Topology) -> dict[str, int]:
             for cluster in ("model_default", "gateways")}
 
 
+def served_by(topology: Topology, before: dict[str, int], cluster: str = "model_default",
+              counter: str = "rq_success") -> dict[str, int]:
+    """Requests each replica ("127.0.0.1:<port>") completed since `before` (Envoy's admin
+    counters: no response names the replica)."""
+    after = topology.envoy.host_counters(cluster, counter)
+    return {host: after[host] - before.get(host, 0) for host in after
+            if after[host] > before.get(host, 0)}
+
+
 def test_x_model_picks_the_per_model_cluster(topology: Topology) -> None:
     url = topology.envoy.url
     cases = [  # (x-model header, body model, cluster Envoy must pick, model served)
@@ -49,8 +58,9 @@ def test_x_model_picks_the_per_model_cluster(topology: Topology) -> None:
         after = upstream_requests(topology)
         delta = {name: after[name] - before[name] for name in after}
         assert delta == {name: int(name == cluster) for name in after}, (header, delta)
-        assert answer.headers["x-switchyard-upstream"] in {
-            f"127.0.0.1:{g.port}" for g in topology.gateways.values()}
+        assert "x-switchyard-upstream" not in answer.headers  # replicas stay unnamed
+        assert not any(f":{g.port}" in value for g in topology.gateways.values()
+                       for value in answer.headers.values()), dict(answer.headers)
 
 
 def test_the_openai_sdk_streams_through_envoy_chunk_by_chunk(topology: Topology) -> None:
@@ -72,13 +82,14 @@ def test_the_openai_sdk_streams_through_envoy_chunk_by_chunk(topology: Topology)
 
 def test_a_per_key_limit_is_exact_across_replicas_behind_envoy(topology: Topology) -> None:
     made = topology.create_key(name="behind-envoy", rpm=6)
+    before = topology.envoy.host_counters("model_default", "rq_total")
     with ThreadPoolExecutor(12) as pool:  # 12 at once; least-request spreads them
         answers = list(pool.map(
             lambda _: chat(topology.envoy.url, made["key"], "default"), range(12)))
     codes = sorted(answer.status_code for answer in answers)
     assert codes == [200] * 6 + [429] * 6, codes
-    served_by = {answer.headers["x-switchyard-upstream"] for answer in answers}
-    assert len(served_by) == 2, served_by  # both replicas took part
+    took_part = served_by(topology, before, counter="rq_total")
+    assert len(took_part) == 2, took_part  # both replicas took part
     for refused in (a for a in answers if a.status_code == 429):
         assert refused.json()["error"]["code"] == "rate_limit_exceeded"
         assert refused.headers["x-ratelimit-limit-requests"] == "6"
@@ -127,14 +138,28 @@ def test_requests_keep_succeeding_when_a_replica_dies(
 ) -> None:
     survivor = f"127.0.0.1:{topology.gateways['gateway-1'].port}"
     retries_before = topology.envoy.stat("cluster.model_default.upstream_rq_retry")
+    before = topology.envoy.host_counters("model_default", "rq_success")
     # At once, before any health check noticed: refused connections are retried elsewhere.
     for _ in range(12):  # each finds the dead replica about half the time
         answer = chat(topology.envoy.url, ADMIN_KEY, "default")
         assert answer.status_code == 200, answer.text
-        assert answer.headers["x-switchyard-upstream"] == survivor
+    assert served_by(topology, before) == {survivor: 12}
     # Then the active health check takes the dead replica out of both clusters.
     for cluster in ("gateways", "model_default"):
         topology.envoy.wait_healthy(cluster, 1, timeout_s=30)
     assert topology.envoy.stat("cluster.model_default.upstream_rq_retry") > retries_before
     for model in ("default", "second"):
         assert chat(topology.envoy.url, ADMIN_KEY, model).status_code == 200
+
+
+def test_metrics_is_scraped_from_the_replicas_not_through_envoy(topology: Topology) -> None:
+    made = topology.create_key(name="metered")
+    assert chat(topology.envoy.url, made["key"], "default").status_code == 200
+    for path in ("/metrics", "/metrics?x=1", "//metrics", "/%6Detrics", "/%2Fmetrics"):
+        answer = httpx.get(f"{topology.envoy.url}{path}", timeout=10)
+        assert answer.status_code == 404, (path, answer.status_code)
+        assert made["id"] not in answer.text and "key_id" not in answer.text, path
+    # Prometheus scrapes each replica directly; there the series are
+    scraped = "".join(httpx.get(f"{g.url}/metrics", timeout=10).text
+                      for g in topology.gateways.values())
+    assert f'key_id="{made["id"]}"' in scraped
