@@ -9,7 +9,7 @@ the same config in front of real `switchyard serve` replicas.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from posixpath import normpath
 from urllib.parse import unquote, urlsplit
 
@@ -20,6 +20,7 @@ from tests.deploy.envoy_proxy import EnvoyProcess, upstream_names
 from tests.deploy.gateways import free_port
 from tests.deploy.stub_replica import Behaviour, StubReplica
 
+SetBehaviour = Callable[[Behaviour], None]
 CHAT = {"model": "default", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 # Each is /metrics to the gateway (uvicorn percent-decodes; a dot segment or a doubled slash
 # resolves), so none may reach a replica.
@@ -50,7 +51,7 @@ def envoy(replicas: dict[str, StubReplica],
 
 
 @pytest.fixture
-def behave(replicas: dict[str, StubReplica]) -> Iterator[callable]:
+def behave(replicas: dict[str, StubReplica]) -> Iterator[SetBehaviour]:
     """Sets every replica's behaviour and forgets what they received; back to "ok" after."""
 
     def set_all(behaviour: Behaviour) -> None:
@@ -68,7 +69,7 @@ def _posts(replicas: dict[str, StubReplica]) -> int:
 
 @pytest.mark.parametrize("x_model", [None, "default"])  # the pool, and a model's cluster
 def test_a_post_a_replica_answered_503_is_not_retried(
-        envoy: EnvoyProcess, replicas: dict[str, StubReplica], behave: callable,
+        envoy: EnvoyProcess, replicas: dict[str, StubReplica], behave: SetBehaviour,
         x_model: str | None) -> None:
     behave("503")
     retries = envoy.stat("cluster.gateways.upstream_rq_retry") + envoy.stat(
@@ -85,7 +86,7 @@ def test_a_post_a_replica_answered_503_is_not_retried(
 
 
 def test_a_post_whose_replica_died_mid_request_is_not_replayed(
-        envoy: EnvoyProcess, replicas: dict[str, StubReplica], behave: callable) -> None:
+        envoy: EnvoyProcess, replicas: dict[str, StubReplica], behave: SetBehaviour) -> None:
     behave("reset")
     answer = httpx.post(f"{envoy.url}/v1/chat/completions", json=CHAT, timeout=30)
     assert answer.status_code == 503  # Envoy's: upstream reset
@@ -93,7 +94,7 @@ def test_a_post_whose_replica_died_mid_request_is_not_replayed(
 
 
 def test_a_refused_connection_is_tried_on_another_replica(
-        envoy: EnvoyProcess, replicas: dict[str, StubReplica], behave: callable) -> None:
+        envoy: EnvoyProcess, replicas: dict[str, StubReplica], behave: SetBehaviour) -> None:
     behave("ok")
     dead, live = replicas["gateway-2"], replicas["gateway-1"]
     port = dead.port
@@ -114,7 +115,7 @@ def test_a_refused_connection_is_tried_on_another_replica(
 
 @pytest.mark.parametrize("method, path", [("GET", "/v1/models"), ("POST", "/v1/completions")])
 def test_no_response_names_a_replica(envoy: EnvoyProcess, replicas: dict[str, StubReplica],
-                                     behave: callable, method: str, path: str) -> None:
+                                     behave: SetBehaviour, method: str, path: str) -> None:
     behave("ok")
     answer = httpx.request(method, f"{envoy.url}{path}", json=CHAT, timeout=30)
     assert answer.status_code == 200
@@ -127,7 +128,7 @@ def test_no_response_names_a_replica(envoy: EnvoyProcess, replicas: dict[str, St
 @pytest.mark.parametrize("path", METRICS_SPELLINGS)
 def test_metrics_is_not_routed_however_spelt(envoy: EnvoyProcess,
                                              replicas: dict[str, StubReplica],
-                                             behave: callable, path: str) -> None:
+                                             behave: SetBehaviour, path: str) -> None:
     behave("ok")
     with httpx.Client(timeout=30) as client:  # the path goes out as written
         request = client.build_request("GET", envoy.url)
@@ -143,7 +144,7 @@ def test_metrics_is_not_routed_however_spelt(envoy: EnvoyProcess,
 
 def test_other_paths_still_reach_the_replicas(envoy: EnvoyProcess,
                                              replicas: dict[str, StubReplica],
-                                             behave: callable) -> None:
+                                             behave: SetBehaviour) -> None:
     behave("ok")
     for path in ("/v1/models", "/metricsx", "/v1/metrics", "/info"):
         answer = httpx.get(f"{envoy.url}{path}", timeout=30)
