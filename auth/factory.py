@@ -16,6 +16,7 @@ from auth.keys import KeyDeclaration
 from auth.limits import LEASE_TTL_S, WINDOW_S, Limiter
 from auth.memory_limiter import MemoryLimiter
 from auth.policy import KeyAccess
+from auth.recent_keys import FAIL_OPEN_TTL_S, RecentKeys
 from auth.store import FileKeyStore, KeyStore, MemoryKeyStore
 
 
@@ -27,6 +28,7 @@ class AuthConfig:
     keys: tuple[KeyDeclaration, ...] = ()
     lease_ttl_s: float = LEASE_TTL_S
     window_s: float = WINDOW_S
+    fail_open_ttl_s: float = FAIL_OPEN_TTL_S  # how recent a validation failing open trusts
 
     @property
     def enabled(self) -> bool:
@@ -41,7 +43,8 @@ def build_access(config: AuthConfig) -> AccessPolicy:
     if config.redis_url is None:
         store = _declared(config) or MemoryKeyStore()
         limiter = MemoryLimiter(window_s=config.window_s, lease_ttl_s=config.lease_ttl_s)
-        return KeyAccess(store, limiter, admin_key=config.admin_key, fail_open=config.fail_open)
+        return KeyAccess(store, limiter, admin_key=config.admin_key, fail_open=config.fail_open,
+                         recent=RecentKeys(config.fail_open_ttl_s))
     from auth.redis_conn import connect, redacted
     from auth.redis_limiter import RedisLimiter
     from auth.redis_store import RedisKeyStore
@@ -51,7 +54,7 @@ def build_access(config: AuthConfig) -> AccessPolicy:
     store = _declared(config) or RedisKeyStore(redis, where)
     limiter: Limiter = RedisLimiter(redis, config.window_s, config.lease_ttl_s, where)
     return KeyAccess(store, limiter, admin_key=config.admin_key, fail_open=config.fail_open,
-                     on_close=redis.aclose)
+                     on_close=redis.aclose, recent=RecentKeys(config.fail_open_ttl_s))
 
 
 def _declared(config: AuthConfig) -> KeyStore | None:

@@ -4,8 +4,11 @@ Requests and tokens per minute use an exact sliding window: a log of admitted
 requests with the tokens each one holds. Admission reserves prompt + max_tokens;
 release reconciles the entry to the tokens actually used, so the window (and the
 budget) are charged by real usage. Parallel requests are leases with a deadline,
-so a replica that dies cannot hold slots forever. The budget is a counter per
-fixed period (aligned to the epoch), or one counter for all time.
+renewed while the request runs, so a replica that dies cannot hold slots forever. The
+budget is a counter per fixed period (aligned to the epoch), or one counter for all time;
+what a request reserves from it is a hold with the same deadline as its lease: a hold
+that expires (its replica died before settling) is given back to the budget, and a
+settlement that comes after that charges what was used in full.
 """
 
 from __future__ import annotations
@@ -122,8 +125,22 @@ def budget_reset(now_s: float, period_s: float | None) -> float | None:
 
 
 class Limiter(Protocol):
+    @property
+    def lease_ttl_s(self) -> float:
+        """How long a lease (parallel slot, budget hold) lives unless renewed."""
+        ...
+
+    async def check(self, key_id: str, limits: Limits) -> Decision:
+        """Whether a request of at least one token would be admitted now; nothing taken.
+        Lets a refusal come before the prompt is counted; `acquire` still decides."""
+        ...
+
     async def acquire(self, key_id: str, limits: Limits, reserve: int) -> tuple[Decision, Ticket]:
         """Admit one request holding `reserve` tokens, or refuse it (nothing taken)."""
+        ...
+
+    async def renew(self, ticket: Ticket) -> None:
+        """Push the lease's deadline (and its budget hold's) a TTL away, if it still exists."""
         ...
 
     async def release(self, ticket: Ticket, model: str, used: Consumed) -> None:

@@ -3,11 +3,17 @@
 Time is Redis's own TIME, so replicas with skewed clocks still share one window.
 Keys of one API key share a hash tag ({key_id}) so they live in one cluster slot.
 
-KEYS (both scripts): 1 log (zset lease -> admitted ms), 2 amounts (hash lease -> tokens),
+KEYS (every script): 1 log (zset lease -> admitted ms), 2 amounts (hash lease -> tokens),
 3 total tokens in the window (string), 4 in-flight leases (zset lease -> deadline ms),
-5 budget (hash: window, used); RELEASE adds 6 usage (hash "<counter>:<model>" -> n) and
-7 a marker that the lease is settled. Both scripts are idempotent per lease, so a call
-retried after a lost reply changes nothing twice.
+5 budget (hash: window, used), 6 usage (hash "<counter>:<model>" -> n), 7 budget holds
+(zset lease -> deadline ms), 8 what each hold took (hash lease -> "<window>:<tokens>");
+RELEASE adds 9, a marker that the lease is settled. ACQUIRE and RELEASE are idempotent per
+lease, so a call retried after a lost reply changes nothing twice; RENEW only moves
+deadlines of leases that still exist.
+
+A budget hold whose deadline passed (its replica died, or could not settle for a whole
+TTL) is given back to its window's budget by the next script that reads the budget; a
+settlement arriving after that charges the tokens used in full instead of the difference.
 """
 
 _COMMON = """
@@ -29,20 +35,40 @@ local function expire_log(cutoff)
   end
   redis.call('DECRBY', KEYS[3], freed)
 end
+
+local function expire_holds(now)
+  local dead = redis.call('ZRANGEBYSCORE', KEYS[7], '-inf', now)
+  if #dead == 0 then return end
+  local current = redis.call('HGET', KEYS[5], 'window')
+  local refund = 0
+  for i = 1, #dead, 500 do
+    local chunk = {unpack(dead, i, math.min(i + 499, #dead))}
+    local held = redis.call('HMGET', KEYS[8], unpack(chunk))
+    for j = 1, #chunk do
+      local win, tokens = string.match(held[j] or '', '^(-?%d+):(-?%d+)$')
+      if win ~= nil and win == current then refund = refund + tonumber(tokens) end
+    end
+    redis.call('HDEL', KEYS[8], unpack(chunk))
+    redis.call('ZREM', KEYS[7], unpack(chunk))
+  end
+  if refund ~= 0 then redis.call('HINCRBY', KEYS[5], 'used', -refund) end
+end
 """
 
 # ARGV: lease, reserve, rpm, tpm, parallel, budget, budget period ms, lease ttl ms, window ms
-# (0 = no such limit). Returns {reason or "", retry ms, requests, tokens, reset ms,
-# budget window, budget used, now ms}.
+# (0 = no such limit), dry run (1: decide, take nothing). Returns {reason or "", retry ms,
+# requests, tokens, reset ms, budget window, budget used, now ms}.
 ACQUIRE = _COMMON + """
 local lease, reserve = ARGV[1], tonumber(ARGV[2])
 local rpm, tpm, par = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local budget, period = tonumber(ARGV[6]), tonumber(ARGV[7])
 local ttl, window = tonumber(ARGV[8]), tonumber(ARGV[9])
+local dry = ARGV[10] == '1'
 local now = now_ms()
 local windowed = rpm > 0 or tpm > 0
 
 local again = redis.call('ZSCORE', KEYS[1], lease) or redis.call('ZSCORE', KEYS[4], lease)
+  or redis.call('ZSCORE', KEYS[7], lease)
 local count, used = 0, 0
 if windowed then
   expire_log(now - window)
@@ -57,6 +83,7 @@ end
 local bwin, spent = 0, 0
 if budget > 0 then
   if period > 0 then bwin = math.floor(now / period) end
+  expire_holds(now)
   local stored = redis.call('HMGET', KEYS[5], 'window', 'used')
   if tonumber(stored[1]) == bwin then spent = tonumber(stored[2]) or 0 end
 end
@@ -93,7 +120,7 @@ elseif budget > 0 and spent + reserve > budget then
   if period > 0 then retry = (bwin + 1) * period - now else retry = -1 end
 end
 
-if reason == '' and not again then
+if reason == '' and not again and not dry then
   if windowed then
     redis.call('ZADD', KEYS[1], now, lease)
     redis.call('HSET', KEYS[2], lease, reserve)
@@ -108,7 +135,11 @@ if reason == '' and not again then
   if budget > 0 then
     spent = spent + reserve
     redis.call('HSET', KEYS[5], 'window', bwin, 'used', spent)
-    if period > 0 then redis.call('PEXPIRE', KEYS[5], 2 * period) end
+    redis.call('ZADD', KEYS[7], now + ttl, lease)
+    redis.call('HSET', KEYS[8], lease, string.format('%d', bwin) .. ':' .. ARGV[2])
+    if period > 0 then
+      for _, i in ipairs({5, 7, 8}) do redis.call('PEXPIRE', KEYS[i], 2 * period) end
+    end
   end
 end
 local reset = 0
@@ -120,15 +151,19 @@ return {reason, retry, count, used, reset, bwin, spent, now}
 # prompt tokens, completion tokens, counted (0/1), marker ttl ms.
 RELEASE = """
 local lease, delta = ARGV[1], tonumber(ARGV[3]) - tonumber(ARGV[2])
-if not redis.call('SET', KEYS[7], 1, 'NX', 'PX', tonumber(ARGV[10])) then return 0 end
+if not redis.call('SET', KEYS[9], 1, 'NX', 'PX', tonumber(ARGV[10])) then return 0 end
 redis.call('ZREM', KEYS[4], lease)
-if delta ~= 0 then
-  if redis.call('HEXISTS', KEYS[2], lease) == 1 then
-    redis.call('HINCRBY', KEYS[2], lease, delta)
-    redis.call('INCRBY', KEYS[3], delta)
-  end
-  if ARGV[5] == '1' and redis.call('HGET', KEYS[5], 'window') == ARGV[4] then
-    redis.call('HINCRBY', KEYS[5], 'used', delta)
+if delta ~= 0 and redis.call('HEXISTS', KEYS[2], lease) == 1 then
+  redis.call('HINCRBY', KEYS[2], lease, delta)
+  redis.call('INCRBY', KEYS[3], delta)
+end
+if ARGV[5] == '1' then
+  local held = redis.call('HDEL', KEYS[8], lease) == 1
+  redis.call('ZREM', KEYS[7], lease)
+  local charge = delta
+  if not held then charge = tonumber(ARGV[3]) end  -- the hold expired and was given back
+  if charge ~= 0 and redis.call('HGET', KEYS[5], 'window') == ARGV[4] then
+    redis.call('HINCRBY', KEYS[5], 'used', charge)
   end
 end
 local model = ARGV[6]
@@ -136,4 +171,27 @@ redis.call('HINCRBY', KEYS[6], 'requests:' .. model, tonumber(ARGV[9]))
 redis.call('HINCRBY', KEYS[6], 'prompt_tokens:' .. model, tonumber(ARGV[7]))
 redis.call('HINCRBY', KEYS[6], 'completion_tokens:' .. model, tonumber(ARGV[8]))
 return 1
+"""
+
+# ARGV: lease, lease ttl ms. Returns 1 if the lease (slot or hold) still existed.
+RENEW = _COMMON + """
+local lease, ttl = ARGV[1], tonumber(ARGV[2])
+local deadline = now_ms() + ttl
+local found = 0
+if redis.call('ZSCORE', KEYS[4], lease) then
+  redis.call('ZADD', KEYS[4], 'XX', deadline, lease)
+  redis.call('PEXPIRE', KEYS[4], ttl + 1000)
+  found = 1
+end
+if redis.call('ZSCORE', KEYS[7], lease) then
+  redis.call('ZADD', KEYS[7], 'XX', deadline, lease)
+  found = 1
+end
+return found
+"""
+
+# The budget of the current window, expired holds given back first. Returns {window, used}.
+BUDGET = _COMMON + """
+expire_holds(now_ms())
+return redis.call('HMGET', KEYS[5], 'window', 'used')
 """

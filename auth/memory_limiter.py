@@ -31,12 +31,22 @@ from auth.limits import (
 
 
 @dataclass
+class _Hold:
+    """What an admission took from the budget, until it settles or its deadline passes."""
+
+    deadline: float
+    window: int
+    tokens: int
+
+
+@dataclass
 class _KeyState:
     log: OrderedDict[str, tuple[float, int]] = field(default_factory=OrderedDict)  # admission order
     tokens: int = 0
     inflight: dict[str, float] = field(default_factory=dict)  # lease -> deadline
     budget_window: int = 0
     budget_used: int = 0
+    holds: dict[str, _Hold] = field(default_factory=dict)  # lease -> its budget hold
     usage: dict[str, ModelUsage] = field(default_factory=dict)
 
 
@@ -62,6 +72,10 @@ class MemoryLimiter:
             state.tokens -= tokens
         for lease in [k for k, deadline in state.inflight.items() if deadline <= now]:
             del state.inflight[lease]
+        for lease in [k for k, hold in state.holds.items() if hold.deadline <= now]:
+            hold = state.holds.pop(lease)
+            if hold.window == state.budget_window:
+                state.budget_used -= hold.tokens
 
     def _budget_used(self, state: _KeyState, limits: Limits, now: float) -> int:
         window = budget_window(now, limits.budget_period_s)
@@ -100,14 +114,26 @@ class MemoryLimiter:
         if limits.budget:
             state.budget_used = self._budget_used(state, limits, now) + reserve
             state.budget_window = budget_window(now, limits.budget_period_s)
+            state.holds[lease] = _Hold(now + self._lease_ttl, state.budget_window, reserve)
+
+    @property
+    def lease_ttl_s(self) -> float:
+        return self._lease_ttl
+
+    async def check(self, key_id: str, limits: Limits) -> Decision:
+        return self._decide(key_id, limits, 1, take=False)[0]
 
     async def acquire(self, key_id: str, limits: Limits, reserve: int) -> tuple[Decision, Ticket]:
+        return self._decide(key_id, limits, reserve, take=True)
+
+    def _decide(self, key_id: str, limits: Limits, reserve: int, *, take: bool,
+                ) -> tuple[Decision, Ticket]:
         now = self._clock()
         state = self._state(key_id)
         self._expire(state, now)
         refusal = self._refusal(state, limits, reserve, now)
         lease = secrets.token_hex(8)
-        if refusal is None:
+        if refusal is None and take:
             self._take(state, limits, lease, reserve, now)
         oldest = next(iter(state.log.values()))[0] if state.log else now
         decision = Decision(
@@ -130,16 +156,29 @@ class MemoryLimiter:
         if entry is not None and delta:
             state.log[ticket.lease_id] = (entry[0], entry[1] + delta)
             state.tokens += delta
-        if ticket.limits.budget and state.budget_window == ticket.budget_window:
-            state.budget_used += delta
+        if ticket.limits.budget:
+            held = state.holds.pop(ticket.lease_id, None) is not None
+            # A hold that expired was given back: the tokens used are charged in full.
+            if state.budget_window == ticket.budget_window:
+                state.budget_used += delta if held else used.total_tokens
         counters = state.usage.setdefault(model, ModelUsage())
         counters.requests += int(used.counted)
         counters.prompt_tokens += used.prompt_tokens
         counters.completion_tokens += used.completion_tokens
 
+    async def renew(self, ticket: Ticket) -> None:
+        state = self._state(ticket.key_id)
+        deadline = self._clock() + self._lease_ttl
+        if ticket.lease_id in state.inflight:
+            state.inflight[ticket.lease_id] = deadline
+        hold = state.holds.get(ticket.lease_id)
+        if hold is not None:
+            hold.deadline = deadline
+
     async def usage(self, key_id: str, limits: Limits) -> KeyUsage:
         now = self._clock()
         state = self._state(key_id)
+        self._expire(state, now)
         models = {m: ModelUsage(u.requests, u.prompt_tokens, u.completion_tokens)
                   for m, u in state.usage.items()}
         return KeyUsage(models, self._budget_used(state, limits, now),

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Mapping
 
 from auth.access import AccessDenied, Admission, FreeAdmission, Principal, TokenEstimate
@@ -17,6 +18,7 @@ from auth.headers import format_duration, rate_limit_headers
 from auth.keys import KEY_PREFIX, KeyRecord, hash_key, same_hash
 from auth.limits import Consumed, Decision, Limiter, Limits, Ticket
 from auth.messages import refusal
+from auth.recent_keys import RecentKeys
 from auth.store import KeyStore, StoreUnavailable
 
 log = logging.getLogger("switchyard.auth")
@@ -34,10 +36,10 @@ class RateLimited(AccessDenied):
         self.limit = limit  # the limit hit: requests, tokens, parallel, budget, too_large
 
 
-def unavailable() -> AccessDenied:
+def unavailable(why: str = "") -> AccessDenied:
     return AccessDenied(
         "The API key and rate limit store (Redis) is unreachable, so this request could not "
-        "be authorized and was not processed. Try again shortly.",
+        f"be authorized and was not processed{why}. Try again shortly.",
         status_code=503, code="auth_store_unavailable", retry_after=1,
     )
 
@@ -48,6 +50,9 @@ def _invalid(message: str = "Invalid API key. Send a valid key as 'Authorization
 
 
 class KeyAdmission:
+    """An admitted request. While it runs, its lease (parallel slot, budget hold) is renewed
+    every third of the lease TTL, so only a replica that died lets it expire."""
+
     def __init__(self, owner: KeyAccess, ticket: Ticket, model: str,
                  headers: Mapping[str, str]) -> None:
         self._owner = owner
@@ -55,6 +60,9 @@ class KeyAdmission:
         self._model = model
         self._headers = headers
         self._settled = False
+        self._renewal = owner.keep_alive(ticket)
+        if self._renewal is not None:  # dropped unsettled (a bug): stop renewing, let it expire
+            weakref.finalize(self, self._renewal.cancel)
 
     @property
     def headers(self) -> Mapping[str, str]:
@@ -64,6 +72,8 @@ class KeyAdmission:
         if self._settled:
             return
         self._settled = True
+        if self._renewal is not None:
+            self._renewal.cancel()
         await self._owner.release(self._ticket, self._model, used)
 
 
@@ -72,6 +82,7 @@ class KeyAccess:
         self, store: KeyStore, limiter: Limiter, *, admin_key: str | None = None,
         fail_open: bool = False, clock: Callable[[], float] = time.time,
         on_close: Callable[[], Awaitable[None]] | None = None,
+        recent: RecentKeys | None = None,
     ) -> None:
         self._store = store
         self._limiter = limiter
@@ -81,7 +92,10 @@ class KeyAccess:
         self._on_close = on_close
         self._admin = KeyAdmin(store, limiter, clock)
         self._pending: set[asyncio.Task[None]] = set()
+        self._renewals: set[asyncio.Task[None]] = set()
         self._last_warning = 0.0
+        # Failing open trusts only keys validated lately, with their allow-lists.
+        self._recent = (recent or RecentKeys()) if fail_open else None
 
     def announce(self) -> None:
         log.info("API keys required. Keys: %s. Limits and usage: %s.",
@@ -89,9 +103,10 @@ class KeyAccess:
         if self._admin_hash is None:
             log.warning("No admin key set (--admin-key / SWITCHYARD_ADMIN_KEY): the /admin/keys "
                         "endpoints are disabled.")
-        if self._fail_open:
-            log.warning("--auth-fail-open: while Redis is unreachable, requests are served "
-                        "WITHOUT checking keys or limits.")
+        if self._recent is not None:
+            log.warning("--auth-fail-open: while Redis is unreachable, keys validated in the "
+                        "last %gs are served (with their model allow-lists) WITHOUT checking "
+                        "their limits; other keys get 503.", self._recent.ttl_s)
 
     async def start(self) -> None:
         return None
@@ -99,7 +114,7 @@ class KeyAccess:
     async def close(self) -> None:
         if self._pending:
             await asyncio.wait(set(self._pending), timeout=2.0)
-        for task in list(self._pending):
+        for task in [*self._pending, *self._renewals]:
             task.cancel()
         await self._limiter.close()
         if self._on_close is not None:
@@ -123,7 +138,23 @@ class KeyAccess:
             record = await self._store.find(digest)
         except StoreUnavailable as exc:
             self._store_down(exc)
-            return Principal(key_id=None)
+            return self._recently_validated(digest, exc)
+        try:
+            principal = self._check(record, digest)
+        except AccessDenied:
+            if self._recent is not None:
+                self._recent.forget(digest)
+            raise
+        if self._recent is not None and principal.key is not None:
+            self._recent.remember(digest, principal.key)
+        return principal
+
+    def _recently_validated(self, digest: str, exc: StoreUnavailable) -> Principal:
+        """Failing open: the key as it was last validated, if that was within the TTL."""
+        record = self._recent.get(digest) if self._recent is not None else None
+        if record is None:
+            raise unavailable(", and this gateway has not validated this key lately "
+                              "(--auth-fail-open serves only recently validated keys)") from exc
         return self._check(record, digest)
 
     def _check(self, record: KeyRecord | None, digest: str) -> Principal:
@@ -144,21 +175,47 @@ class KeyAccess:
     async def admit(self, principal: Principal, model: str, estimate: TokenEstimate) -> Admission:
         await self.authorize(principal, model)
         key = principal.key
-        if key is None:  # the admin key, or failing open
+        if key is None:  # the admin key
             return FreeAdmission()
         limits = Limits.of(key)
-        reserve = await estimate() if limits.counts_tokens else 0
         try:
+            reserve = 0
+            if limits.counts_tokens:
+                # A key already over a limit is refused before its prompt is counted.
+                early = await self._limiter.check(key.id, limits)
+                if not early.admitted:
+                    raise self._refused(limits, early, None, rate_limit_headers(limits, early))
+                reserve = await estimate()
             decision, ticket = await self._limiter.acquire(key.id, limits, reserve)
         except StoreUnavailable as exc:
-            self._store_down(exc)
+            self._store_down(exc)  # failing open: a recently validated key, its limits unchecked
             return FreeAdmission()
         headers = rate_limit_headers(limits, decision)
         if not decision.admitted:
             raise self._refused(limits, decision, reserve, headers)
         return KeyAdmission(self, ticket, model, headers)
 
-    def _refused(self, limits: Limits, decision: Decision, reserve: int,
+    def keep_alive(self, ticket: Ticket) -> asyncio.Task[None] | None:
+        """Renew the ticket's lease every third of its TTL until cancelled (at settlement)."""
+        if not (ticket.limits.parallel or ticket.limits.budget):
+            return None
+        task = asyncio.get_running_loop().create_task(self._renew_every(ticket))
+        self._renewals.add(task)
+        task.add_done_callback(self._renewals.discard)
+        return task
+
+    async def _renew_every(self, ticket: Ticket) -> None:
+        interval = self._limiter.lease_ttl_s / 3
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self._limiter.renew(ticket)
+            except StoreUnavailable:
+                log.debug("renewing a lease of key %s failed: Redis unreachable", ticket.key_id)
+            except Exception:
+                log.exception("renewing a lease of key %s failed", ticket.key_id)
+
+    def _refused(self, limits: Limits, decision: Decision, reserve: int | None,
                  headers: Mapping[str, str]) -> RateLimited:
         retry = decision.retry_after_s
         message, code, final = refusal(limits, decision, reserve)
@@ -173,8 +230,8 @@ class KeyAccess:
         now = time.monotonic()
         if now - self._last_warning >= _WARN_EVERY_S:
             self._last_warning = now
-            mode = "serving WITHOUT key checks (--auth-fail-open)" if self._fail_open \
-                else "answering 503"
+            mode = ("serving recently validated keys WITHOUT limits (--auth-fail-open)"
+                    if self._fail_open else "answering 503")
             log.warning("auth store unreachable (%s); %s until it returns", exc, mode)
         if not self._fail_open:
             raise unavailable() from exc

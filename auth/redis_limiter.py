@@ -17,14 +17,14 @@ from auth.limits import (
     Ticket,
     budget_reset,
 )
-from auth.lua import ACQUIRE, RELEASE
+from auth.lua import ACQUIRE, BUDGET, RELEASE, RENEW
 from auth.redis_conn import reachable
 
 
 def _keys(key_id: str) -> list[str]:
     tag = f"sy:{{{key_id}}}"
     return [f"{tag}:log", f"{tag}:amounts", f"{tag}:tokens", f"{tag}:inflight", f"{tag}:budget",
-            f"{tag}:usage"]
+            f"{tag}:usage", f"{tag}:held", f"{tag}:holds"]
 
 
 def _ms(seconds: float | None) -> int:
@@ -41,17 +41,33 @@ class RedisLimiter:
         self._lease_ttl_ms = _ms(lease_ttl_s)
         self._acquire = redis.register_script(ACQUIRE)
         self._release = redis.register_script(RELEASE)
+        self._renew = redis.register_script(RENEW)
+        self._budget = redis.register_script(BUDGET)
         self._where = where
 
+    @property
+    def lease_ttl_s(self) -> float:
+        return self._lease_ttl_ms / 1000
+
+    async def check(self, key_id: str, limits: Limits) -> Decision:
+        if not limits.any:
+            return Decision(admitted=True)
+        return (await self._decide(key_id, limits, 1, dry=True))[0]
+
     async def acquire(self, key_id: str, limits: Limits, reserve: int) -> tuple[Decision, Ticket]:
-        lease = secrets.token_hex(8)
         if not limits.any:  # nothing to count: no round trip
+            lease = secrets.token_hex(8)
             return Decision(admitted=True), Ticket(key_id, lease, reserve, limits)
+        return await self._decide(key_id, limits, reserve, dry=False)
+
+    async def _decide(self, key_id: str, limits: Limits, reserve: int, *, dry: bool,
+                      ) -> tuple[Decision, Ticket]:
+        lease = secrets.token_hex(8)
         args = [lease, reserve, limits.rpm or 0, limits.tpm or 0, limits.parallel or 0,
                 limits.budget or 0, _ms(limits.budget_period_s), self._lease_ttl_ms,
-                self._window_ms]
+                self._window_ms, int(dry)]
         with reachable():
-            out = await self._acquire(keys=_keys(key_id)[:5], args=args)
+            out = await self._acquire(keys=_keys(key_id), args=args)
         reason, retry_ms, count, used, reset_ms, window, spent, now_ms = out
         retry = int(retry_ms) / 1000 if reason and int(retry_ms) >= 0 else None
         decision = Decision(
@@ -70,12 +86,16 @@ class RedisLimiter:
         with reachable():
             await self._release(keys=keys, args=args)
 
+    async def renew(self, ticket: Ticket) -> None:
+        with reachable():
+            await self._renew(keys=_keys(ticket.key_id),
+                              args=[ticket.lease_id, self._lease_ttl_ms])
+
     async def usage(self, key_id: str, limits: Limits) -> KeyUsage:
         keys = _keys(key_id)
         with reachable():
             counters = await self._redis.hgetall(keys[5])
-            budget = await self._redis.hmget(keys[4], ["window", "used"]) if limits.budget \
-                else [None, None]
+            budget = await self._budget(keys=keys) if limits.budget else [None, None]
             now_s, micros = await self._redis.time()
         now = int(now_s) + int(micros) / 1e6
         models: dict[str, ModelUsage] = {}

@@ -94,6 +94,60 @@ async def test_parallel_leases_and_their_expiry(subject: Subject) -> None:
     assert (await subject.limiter.acquire(subject.key, limits, 0))[0].admitted
 
 
+async def test_a_renewed_lease_outlives_its_ttl(subject: Subject) -> None:
+    """A request still running renews its slot: the parallel cap holds past the lease TTL."""
+    limits = Limits(parallel=1)
+    _, running = await subject.limiter.acquire(subject.key, limits, 0)
+    for _ in range(3):  # 3 x 0.4 s, past two TTLs, renewed each time
+        await subject.advance(LEASE_S * 2 / 3)
+        await subject.limiter.renew(running)
+        refused, _ = await subject.limiter.acquire(subject.key, limits, 0)
+        assert refused.reason == "parallel"
+    await subject.advance(LEASE_S + 0.05)  # no more renewals (its replica died): it lapses
+    again, ticket = await subject.limiter.acquire(subject.key, limits, 0)
+    assert again.admitted
+    await subject.limiter.release(running, "m", Consumed())  # a late release frees nothing new
+    await subject.limiter.renew(running)  # and a late renewal brings nothing back
+    assert (await subject.limiter.acquire(subject.key, limits, 0))[0].reason == "parallel"
+
+
+async def test_a_dead_replicas_budget_hold_is_given_back(subject: Subject) -> None:
+    """A reservation never settled (its replica died) returns to the budget once its lease
+    lapses; a settlement that still arrives later is charged what was used, in full."""
+    limits = Limits(budget=100)
+    _, lost = await subject.limiter.acquire(subject.key, limits, 80)
+    assert not (await subject.limiter.acquire(subject.key, limits, 80))[0].admitted
+    await subject.advance(LEASE_S + 0.05)
+    assert (await subject.limiter.usage(subject.key, limits)).budget_used == 0
+    decision, ticket = await subject.limiter.acquire(subject.key, limits, 80)
+    assert decision.admitted and decision.budget_used == 80
+    await subject.limiter.release(ticket, "m", Consumed(10, 20, True))  # settled in time: 30
+    await subject.limiter.release(lost, "m", Consumed(5, 5, True))  # late: charged 10 in full
+    assert (await subject.limiter.usage(subject.key, limits)).budget_used == 40
+
+
+async def test_a_renewed_budget_hold_is_kept(subject: Subject) -> None:
+    limits = Limits(budget=100)
+    _, running = await subject.limiter.acquire(subject.key, limits, 80)
+    for _ in range(2):
+        await subject.advance(LEASE_S * 2 / 3)
+        await subject.limiter.renew(running)
+    assert (await subject.limiter.usage(subject.key, limits)).budget_used == 80
+    await subject.limiter.release(running, "m", Consumed(10, 20, True))
+    assert (await subject.limiter.usage(subject.key, limits)).budget_used == 30
+
+
+async def test_check_decides_without_taking(subject: Subject) -> None:
+    limits = Limits(rpm=1, tpm=50, budget=100)
+    for _ in range(2):
+        assert (await subject.limiter.check(subject.key, limits)).admitted
+    _, ticket = await subject.limiter.acquire(subject.key, limits, 10)
+    refused = await subject.limiter.check(subject.key, limits)
+    assert refused.reason == "requests" and refused.requests_used == 1
+    await subject.limiter.release(ticket, "m", Consumed(3, 7, True))
+    assert (await subject.limiter.usage(subject.key, limits)).budget_used == 10
+
+
 async def test_budget_for_all_time(subject: Subject) -> None:
     limits = Limits(budget=100)
     decision, ticket = await subject.limiter.acquire(subject.key, limits, 80)
