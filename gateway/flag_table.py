@@ -147,9 +147,12 @@ SERVER = Group("server and auth", (
          "flags show in ps)", Note("none"), metavar="KEY"),
     Flag("redis_url", "Redis for keys, limits and usage shared by replicas "
          "(redis://host:6379/0)", Note("none"), metavar="URL"),
-    Flag("auth_fail_open", "serve without key checks while Redis is unreachable (else 503)",
+    Flag("auth_fail_open", "while Redis is unreachable, serve keys validated in the last "
+         "--auth-fail-open-ttl seconds, without limits (else 503)",
          "false", switch="--auth-fail-open", sets=True),
     Flag("auth_lease_ttl", "seconds a parallel-request slot outlives a crashed replica", "600",
+         metavar="SECONDS"),
+    Flag("auth_fail_open_ttl", "how recently --auth-fail-open needs a key validated", "300",
          metavar="SECONDS"),
 ))
 

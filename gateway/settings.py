@@ -21,6 +21,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from auth.factory import AuthConfig
 from auth.limits import LEASE_TTL_S
+from auth.recent_keys import FAIL_OPEN_TTL_S
 from backends.base import SamplingDefaults
 from backends.registry import BackendSpec
 from gateway.memory_size import parse_memory
@@ -125,6 +126,7 @@ class Settings(BaseSettings):
     redis_url: str | None = None
     auth_fail_open: bool = False
     auth_lease_ttl: float = Field(LEASE_TTL_S, gt=0)  # seconds a crashed replica holds a slot
+    auth_fail_open_ttl: float = Field(FAIL_OPEN_TTL_S, gt=0)  # failing open: keys this recent
     metrics_auth: Literal["open", "key", "admin"] = "open"
 
     # Request limits (gateway/limits.py) and graceful shutdown (gateway/drain.py).
@@ -221,4 +223,5 @@ class Settings(BaseSettings):
         return AuthConfig(
             admin_key=admin or None, redis_url=self.redis_url or None,
             fail_open=self.auth_fail_open, keys=keys, lease_ttl_s=self.auth_lease_ttl,
+            fail_open_ttl_s=self.auth_fail_open_ttl,
         )

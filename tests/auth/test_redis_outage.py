@@ -1,8 +1,11 @@
-"""Redis stops mid-test: clear 503s (or, when asked, failing open); Redis returns: requests
-succeed again, without restarting the gateway. The real engine serves the model."""
+"""Redis stops mid-test: clear 503s (or, when asked, failing open: only keys validated lately,
+within their allow-lists); Redis returns: requests succeed again, without restarting the
+gateway. The real engine serves the model (the echo stand-in where only auth matters)."""
 
 from __future__ import annotations
 
+import secrets
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,6 +19,7 @@ from gateway.app import create_app
 from gateway.settings import Settings
 from tests.auth.conftest import ADMIN_KEY, RedisServer, admin_headers, create_key
 from tests.gateway.conftest import running_server
+from tests.gateway.echo_backend import EchoBackend
 
 BODY = {"model": "tiny", "messages": [{"role": "user", "content": "Hello there"}],
         "max_tokens": 2}
@@ -75,3 +79,39 @@ def test_fail_open_serves_without_checks_while_redis_is_down(
         assert any("--auth-fail-open" in r.getMessage() for r in caplog.records)
         own_redis.start()  # a Redis without persistence: the key is gone with it
         assert ask(url, made["key"]).status_code == 401
+
+
+@contextmanager
+def echo_gateway(redis: RedisServer, **settings: object) -> Iterator[str]:
+    """Two models, `echo` and `other`, served by the echo stand-in."""
+    app = create_app(Settings(model_id="unused", redis_url=redis.url, admin_key=ADMIN_KEY,
+                              **settings),
+                     backends={"echo": EchoBackend(name="echo"), "other": EchoBackend("other")})
+    with running_server(app) as url:
+        yield url
+
+
+def ask_model(url: str, key: str, model: str) -> httpx.Response:
+    return httpx.post(f"{url}/v1/chat/completions", timeout=30,
+                      json={**BODY, "model": model}, headers={"Authorization": f"Bearer {key}"})
+
+
+def test_fail_open_serves_only_recently_validated_keys_within_their_models(
+    own_redis: RedisServer,
+) -> None:
+    with echo_gateway(own_redis, auth_fail_open=True, auth_fail_open_ttl=4) as url:
+        known = create_key(url, name="known", models=["echo"], rpm=100)["key"]
+        never_used = create_key(url, name="never-used")["key"]
+        assert ask_model(url, known, "echo").status_code == 200  # validated now
+        own_redis.stop()
+        assert ask_model(url, known, "echo").status_code == 200  # limits unchecked
+        other = ask_model(url, known, "other")
+        assert other.status_code == 403, other.text  # its allow-list still holds
+        assert other.json()["error"]["code"] == "model_not_allowed"
+        for stranger in (never_used, "sk-sy-" + secrets.token_urlsafe(32)):
+            refused = ask_model(url, stranger, "echo")
+            assert refused.status_code == 503, refused.text
+            assert refused.json()["error"]["code"] == "auth_store_unavailable"
+            assert "validated" in refused.json()["error"]["message"]
+        time.sleep(4.5)  # past --auth-fail-open-ttl since the key was last validated
+        assert ask_model(url, known, "echo").status_code == 503
