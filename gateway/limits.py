@@ -16,6 +16,7 @@ routes. Values of the wrong type are left for the schemas to refuse.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 
@@ -189,19 +190,19 @@ def output_ceiling(max_tokens: int | None, prompt_tokens: int, max_total_tokens:
 
 
 async def cap_output(backend: Backend, request: GenerationRequest, cap: int | None,
-                     ) -> GenerationRequest:
+                     count: Callable[[], Awaitable[int]] | None = None) -> GenerationRequest:
     """An OpenAI request without `max_tokens`, limited to --max-output-tokens (its prompt is
-    counted, off the event loop, only then). A prompt that cannot be counted gets the cap:
-    the generation reports what is wrong with it."""
+    counted, off the event loop, only then: by `count` when given, the admission's count).
+    A prompt that cannot be counted gets the cap: the generation reports what is wrong."""
     if cap is None or request.sampling.max_tokens is not None:
         return request
-
-    def ceiling() -> int | None:
-        prompt = backend.count_tokens(request)
-        return output_ceiling(None, prompt, backend.info().max_total_tokens, cap)
-
     try:
-        limit = await asyncio.to_thread(ceiling)
+        if count is not None:
+            prompt = await count()
+        else:
+            prompt = await asyncio.to_thread(backend.count_tokens, request)
+        window = (await asyncio.to_thread(backend.info)).max_total_tokens
+        limit = output_ceiling(None, prompt, window, cap)
     except (RequestError, BackendUnavailable):
         limit = cap
     return replace(request, sampling=replace(request.sampling, max_tokens=limit))

@@ -25,7 +25,7 @@ from backends.base import GenerationRequest
 from gateway.body import parse_body, read_json
 from gateway.errors import bad_request
 from gateway.generation import Collected, gather_choices, stream, unless_disconnected
-from gateway.guard import GUARD, open_guarded
+from gateway.guard import GUARD, PromptTokens, admit, open_admitted
 from gateway.limits import cap_output, check_openai_fields
 from gateway.middleware import set_model_label
 from gateway.openai import response_schema as answers
@@ -86,15 +86,19 @@ async def _respond(
 ) -> Response:
     backend = entry.router  # balances and falls back over the model's deployments
     trace = state.metrics.trace(entry.name)
-    gen_request = await cap_output(backend, gen_request, state.settings.max_output_tokens)
+    cap = state.settings.max_output_tokens
+    # Admitted first: a key over its limits costs no tokenization.
+    admitted = await admit(request, entry.name, PromptTokens(backend, gen_request, cap))
+    async with admitted.unless_failing():
+        gen_request = await cap_output(backend, gen_request, cap, admitted.prompt.count)
     if streamed:
         # The first event is pulled before the response starts: early errors stay 4xx.
-        opening = open_guarded(request, entry.name, backend, gen_request, trace)
+        opening = open_admitted(request, admitted, backend, gen_request, trace)
         gen = await unless_disconnected(request.receive, opening)
         return SSEResponse(stream(gen, formatter))
 
     async def whole() -> dict[str, Any]:
-        gen = await open_guarded(request, entry.name, backend, gen_request, trace)
+        gen = await open_admitted(request, admitted, backend, gen_request, trace)
         got, usage = await gather_choices(gen)
         choices = got.items if select is None else select(got.items)
         return formatter.body(choices, usage)

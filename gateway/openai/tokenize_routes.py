@@ -3,7 +3,9 @@
 /tokenize takes `{"model"?, "prompt"}` or `{"model"?, "messages", "add_generation_prompt"?}`
 (the chat template applied, as for a chat request) and answers
 `{"count", "max_model_len", "tokens"}`; /detokenize takes `{"model"?, "tokens"}` and answers
-`{"prompt"}`. Guarded like the generation routes: a key must be allowed the model.
+`{"prompt"}`. Guarded and admitted like the generation routes: a key must be allowed the
+model, and each call counts against its requests per minute and parallel requests (it
+reserves and is billed no tokens), before anything is tokenized.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pydantic_core import PydanticCustomError
 
 from backends.base import GenerationRequest
 from gateway.body import parse_body, read_json
-from gateway.guard import GUARD, principal_of
+from gateway.guard import GUARD, Admitted, NoPrompt, admit
 from gateway.middleware import set_model_label
 from gateway.openai import response_schema as docs
 from gateway.openai.messages import ChatMessage, checked_text
@@ -78,12 +80,11 @@ class DetokenizeRequest(BaseModel):
         return value
 
 
-async def _model(request: Request, body_model: str | None) -> ModelEntry:
+async def _admitted(request: Request, body_model: str | None) -> tuple[ModelEntry, Admitted]:
     state = gateway_state(request)
     entry = resolve_model(state, request, body_model)
-    await state.access.authorize(principal_of(request), entry.name)
     set_model_label(request.scope, entry.name)
-    return entry
+    return entry, await admit(request, entry.name, NoPrompt())
 
 
 @router.post("/tokenize", **documented(
@@ -91,9 +92,12 @@ async def _model(request: Request, body_model: str | None) -> ModelEntry:
     body=docs.TokenizeRequest, model_header=True))
 async def tokenize(request: Request) -> JSONResponse:
     body = parse_body(await read_json(request), TokenizeRequest)
-    entry = await _model(request, body.model)
-    tokens = await asyncio.to_thread(entry.router.tokenize, body.generation_request())
-    info = await asyncio.to_thread(entry.router.info)
+    entry, admitted = await _admitted(request, body.model)
+    try:
+        tokens = await asyncio.to_thread(entry.router.tokenize, body.generation_request())
+        info = await asyncio.to_thread(entry.router.info)
+    finally:
+        await admitted.abandon()  # nothing generated: the slot is freed, no tokens billed
     answer: dict[str, Any] = {"count": len(tokens), "max_model_len": info.max_total_tokens,
                               "tokens": tokens}
     return JSONResponse(answer)
@@ -104,6 +108,9 @@ async def tokenize(request: Request) -> JSONResponse:
     body=docs.DetokenizeRequest, model_header=True))
 async def detokenize(request: Request) -> JSONResponse:
     body = parse_body(await read_json(request), DetokenizeRequest)
-    entry = await _model(request, body.model)
-    text = await asyncio.to_thread(entry.router.detokenize, body.tokens)
+    entry, admitted = await _admitted(request, body.model)
+    try:
+        text = await asyncio.to_thread(entry.router.detokenize, body.tokens)
+    finally:
+        await admitted.abandon()
     return JSONResponse({"prompt": text})

@@ -12,7 +12,6 @@ the router (auth) answers in TGI's shape too.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable, Coroutine
@@ -27,8 +26,6 @@ from backends.base import (
     Backend,
     BackendUnavailable,
     GenerationRequest,
-    ModelInfo,
-    RequestError,
 )
 from gateway.body import read_json
 from gateway.errors import (
@@ -44,7 +41,7 @@ from gateway.generation import (
     gather_choices,
     unless_disconnected,
 )
-from gateway.guard import GUARD, open_guarded, principal_of
+from gateway.guard import GUARD, Admitted, admit, open_admitted, principal_of
 from gateway.limits import check_tgi_fields, output_ceiling
 from gateway.metrics import GenerationTrace
 from gateway.middleware import set_failure_label, set_model_label
@@ -55,8 +52,8 @@ from gateway.sse import SSEResponse
 from gateway.state import GatewayState, gateway_state
 from gateway.tgi import schema
 from gateway.tgi.info import info_body, loading_response
+from gateway.tgi.prompt import TGIPrompt
 from gateway.tgi.requests import (
-    TGIPlan,
     TGIRequest,
     TGIValidationError,
     check_length,
@@ -120,6 +117,7 @@ class Prepared:
     backend: Backend
     gen_request: GenerationRequest
     view: TGIView
+    admitted: Admitted
 
 
 def resolve_model(state: GatewayState, request: Request) -> ModelEntry:
@@ -133,60 +131,30 @@ def resolve_model(state: GatewayState, request: Request) -> ModelEntry:
     return sole
 
 
-async def _token_ids(backend: Backend, probe: GenerationRequest) -> list[int] | None:
-    """The prompt's ids, or None where the backend cannot tokenize (an HTTP upstream without
-    a `tokenizer`): then only a count is known, and only inputs within `truncate` pass."""
-    tokenize = getattr(backend, "tokenize", None)
-    if tokenize is None:
-        return None
-    try:
-        return await asyncio.to_thread(tokenize, probe)
-    except RequestError:
-        return None
-
-
-async def _prompt(
-    backend: Backend, info: ModelInfo, inputs: str, todo: TGIPlan,
-) -> tuple[int, list[int] | None]:
-    """The prompt's token count, and its token ids when they had to be truncated."""
-    check_truncate(todo.truncate, info)
-    probe = GenerationRequest(request_id="count", prompt=inputs)
-    if todo.truncate is not None:
-        ids = await _token_ids(backend, probe)
-        if ids is not None and len(ids) > todo.truncate:
-            ids = ids[-todo.truncate:]  # TGI keeps the end of the input
-            return len(ids), ids
-        if ids is not None:
-            return len(ids), None
-    count = await asyncio.to_thread(backend.count_tokens, probe)
-    if todo.truncate is not None and count > todo.truncate:
-        raise TGIValidationError(
-            f"`truncate` is not supported by this model's backend for inputs longer than "
-            f"`truncate` (it cannot tokenize): the input has {count} tokens, `truncate` is "
-            f"{todo.truncate}")
-    return count, None
-
-
 async def prepare(request: Request, *, stream: bool | None) -> tuple[Prepared, bool]:
-    """Authenticate, parse, validate (TGI's checks, lengths included); `stream` None: the body's."""
+    """Authenticate, parse, validate, admit against the key (before the prompt is counted),
+    then TGI's length checks; `stream` None: the body's."""
     state = gateway_state(request)
-    principal = principal_of(request)
     data = await read_json(request)
     check_tgi_fields(data, state.settings.request_limits())
     body: TGIRequest = parse_request(data)
     entry = resolve_model(state, request)
     set_model_label(request.scope, entry.name)
-    await state.access.authorize(principal, entry.name)
+    await state.access.authorize(principal_of(request), entry.name)
     compat = stream is None  # POST /: TGI's compat route
     streamed = body.stream if compat else bool(stream)
     todo = plan(body, stream=streamed, full_text_default=compat)
     backend = entry.router
     info = backend.info()
-    count, ids = await _prompt(backend, info, body.inputs, todo)
+    check_truncate(todo.truncate, info)
     cap = state.settings.max_output_tokens  # also the ceiling of the default (100) or null
-    limit = output_ceiling(todo.sampling.max_tokens, count, info.max_total_tokens, cap)
-    todo = replace(todo, sampling=replace(todo.sampling, max_tokens=limit))
-    check_length(count, todo.sampling.max_tokens, info)
+    prompt = TGIPrompt(backend, info, body.inputs, todo, cap)
+    admitted = await admit(request, entry.name, prompt)
+    async with admitted.unless_failing():
+        count, ids = await prompt.measured()
+        limit = output_ceiling(todo.sampling.max_tokens, count, info.max_total_tokens, cap)
+        todo = replace(todo, sampling=replace(todo.sampling, max_tokens=limit))
+        check_length(count, todo.sampling.max_tokens, info)
     gen_request = GenerationRequest(
         request_id=new_request_id(), sampling=todo.sampling, prompt=body.inputs,
         prompt_token_ids=ids,
@@ -194,7 +162,7 @@ async def prepare(request: Request, *, stream: bool | None) -> tuple[Prepared, b
     seed = None if todo.sampling.is_greedy else todo.sampling.seed
     view = TGIView(body.inputs, todo.details, todo.return_full_text, seed,
                    top_n_tokens=todo.top_n_tokens, prefill=todo.prefill)
-    return Prepared(state, entry, backend, gen_request, view), streamed
+    return Prepared(state, entry, backend, gen_request, view, admitted), streamed
 
 
 async def _whole(request: Request, ready: Prepared) -> tuple[dict[str, Any], dict[str, str]]:
@@ -214,8 +182,8 @@ async def _open(request: Request, ready: Prepared, trace: GenerationTrace) -> Ge
     """The generation, its first event pulled; a grammar the backend's engine cannot compile
     is TGI's "grammar is not valid" (422)."""
     try:
-        return await open_guarded(
-            request, ready.entry.name, ready.backend, ready.gen_request, trace)
+        return await open_admitted(
+            request, ready.admitted, ready.backend, ready.gen_request, trace)
     except OpenAIError as err:
         if err.param == "grammar" and ready.gen_request.sampling.structured is not None \
                 and err.status_code in (400, 422):

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from auth.limits import Consumed
 from backends.base import GenerationEvent, GenerationRequest, SamplingParams, TokenInfo, Usage
 from gateway.app import create_app
-from gateway.guard import _Meter, _PromptTokens
+from gateway.guard import PromptTokens, _Meter
 from gateway.settings import Settings
 from tests.gateway.conftest import ServeApp
 from tests.gateway.echo_backend import WORDS, EchoBackend
@@ -235,7 +235,7 @@ def test_meter_sums_choices_and_bills_a_cut_stream() -> None:
 
     async def run(upto: int) -> Consumed:
         admission = _Admission()
-        meter = _Meter(admission, _PromptTokens(echo, request))  # type: ignore[arg-type]
+        meter = _Meter(admission, PromptTokens(echo, request))  # type: ignore[arg-type]
         for event in events[:upto]:
             meter.observe(event)
         await meter.settle()
@@ -245,5 +245,5 @@ def test_meter_sums_choices_and_bills_a_cut_stream() -> None:
 
     assert asyncio.run(run(3)) == Consumed(3, 1 + 2, True)  # choice 0 cut short after 1
     assert asyncio.run(run(2)) == Consumed(3, 2, True)  # prompt recounted: 3 words
-    reserve = asyncio.run(_PromptTokens(echo, request).reserve())
+    reserve = asyncio.run(PromptTokens(echo, request).reserve())
     assert reserve == 3 + 2 * 10  # n choices of max_tokens each
