@@ -1,6 +1,7 @@
-"""A gateway killed outright (SIGKILL) while it holds a parallel-request slot leaks nothing
-in Redis: the slot stays held until its lease's deadline (--auth-lease-ttl), then frees itself
-for every replica, and no usage is invented for the request that died with it."""
+"""A gateway killed outright (SIGKILL) while it holds a parallel-request slot or a budget
+reservation leaks nothing in Redis: the slot and the reservation stay held until their lease's
+deadline (--auth-lease-ttl; a live gateway renews it), then free themselves for every replica,
+and no usage is invented for the request that died with it."""
 
 from __future__ import annotations
 
@@ -60,12 +61,43 @@ def test_a_killed_gateways_lease_expires_after_its_ttl(
             gateway.stop()
 
 
-def _until_admitted(gateway: GatewayProcess, key: str) -> openai.types.chat.ChatCompletion:
+def _until_admitted(gateway: GatewayProcess, key: str, **body: object,
+                    ) -> openai.types.chat.ChatCompletion:
+    ask = body or {"model": "slow", "messages": HI, "max_tokens": 1}
     deadline = time.monotonic() + TTL_S + 5
     while True:
         try:
-            return _sdk(gateway, key).chat.completions.create(
-                model="slow", messages=HI, max_tokens=1)
+            return _sdk(gateway, key).chat.completions.create(**ask)  # type: ignore[call-overload]
         except openai.RateLimitError:
             assert time.monotonic() < deadline, "the lease never expired"
             time.sleep(0.1)
+
+
+def test_a_killed_gateways_budget_reservation_is_given_back(
+        redis_server: RedisServer, tmp_path: Path) -> None:
+    """The victim reserved 302 of a 400-token budget (prompt 2 + max_tokens 300) and died:
+    the reservation lapses with its lease, and the survivor's 152 fit again."""
+    env = {"SWITCHYARD_REDIS_URL": redis_server.url, "SWITCHYARD_ADMIN_KEY": ADMIN_KEY,
+           "SWITCHYARD_AUTH_LEASE_TTL": str(TTL_S)}
+    spawned = [GatewayProcess.spawn(tmp_path, env, name) for name in ("victim", "survivor")]
+    try:
+        victim, survivor = (g.ready(tmp_path / f"{n}.port")
+                            for g, n in zip(spawned, ("victim", "survivor"), strict=True))
+        key = create_key(victim.url, name="crash-budget", budget=400)
+        stream = _sdk(victim, key["key"]).chat.completions.create(
+            model="slow", messages=HI, max_tokens=300, stream=True,
+            extra_body={"ignore_eos": True})
+        next(iter(stream))
+        victim.proc.kill()
+        victim.proc.wait(10)
+        ask = {"model": "slow", "messages": HI, "max_tokens": 150}
+        with pytest.raises(openai.RateLimitError):  # 302 held + 152 > 400
+            _sdk(survivor, key["key"]).chat.completions.create(**ask)
+        reply = _until_admitted(survivor, key["key"], **ask)
+        used = reply.usage.total_tokens
+        with redis.Redis(port=redis_server.port, decode_responses=True) as client:
+            budget = client.hget(f"sy:{{{key['id']}}}:budget", "used")
+        assert int(budget) == used  # the survivor's request alone is charged
+    finally:
+        for gateway in spawned:
+            gateway.stop()
