@@ -61,7 +61,8 @@ class KeyAdmission:
         self._headers = headers
         self._settled = False
         self._renewal = owner.keep_alive(ticket)
-        if self._renewal is not None:  # dropped unsettled (a bug): stop renewing, let it expire
+        # Dropped unsettled (a bug): stop renewing, so the lease lapses after its TTL.
+        self._dropped = None if self._renewal is None else \
             weakref.finalize(self, self._renewal.cancel)
 
     @property
@@ -72,7 +73,8 @@ class KeyAdmission:
         if self._settled:
             return
         self._settled = True
-        if self._renewal is not None:
+        if self._renewal is not None and self._dropped is not None:
+            self._dropped.detach()
             self._renewal.cancel()
         await self._owner.release(self._ticket, self._model, used)
 
