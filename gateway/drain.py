@@ -38,6 +38,9 @@ from gateway.settings import Settings
 
 log = logging.getLogger("switchyard.gateway")
 EXEMPT = frozenset({"/health", "/metrics"})  # still answered while draining
+# On a refusal before any work: a proxy may send the request to another replica (Envoy's
+# retriable_headers in envoy/envoy.yaml), as it may not for other 503s.
+UNPROCESSED_HEADER = "x-switchyard-unprocessed"
 TGI_PATHS = frozenset({"/generate", "/generate_stream", "/", "/info"})
 CANCEL_GRACE_S = 5.0  # for requests cancelled at the timeout to settle their usage
 
@@ -66,7 +69,8 @@ def shutting_down() -> OpenAIError:
     return OpenAIError(
         503, "The server is shutting down and accepts no new requests; retry on another "
              "replica.", code="server_shutting_down",
-        headers={"Retry-After": str(RETRY_AFTER_S), "Connection": "close"})
+        headers={"Retry-After": str(RETRY_AFTER_S), "Connection": "close",
+                 UNPROCESSED_HEADER: "1"})
 
 
 class DrainMiddleware:

@@ -1,7 +1,8 @@
 """A stand-in gateway replica behind the real Envoy, for what a real one will not do on cue.
 
 Envoy's retry policy is about what an upstream does after a request reached it: answer 503
-(a queue timeout, a draining replica) or drop the connection mid-request (a crash). A real
+(a queue timeout; a draining replica, which marks its refusal as before any work) or drop the
+connection mid-request (a crash). A real
 replica does these only under load or when killed at the right instant; this one does them
 on every POST, and counts the POSTs it received, which is what the tests assert on.
 `/health` answers 200 (Envoy's active health check), `/metrics` a page of series.
@@ -18,7 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Literal
 from urllib.parse import urlsplit
 
-Behaviour = Literal["ok", "503", "reset"]
+Behaviour = Literal["ok", "503", "draining", "reset"]
 METRICS_PAGE = b'switchyard_key_tokens_total{key_id="key_secret"} 1\n'
 
 
@@ -100,6 +101,10 @@ def _handler(replica: StubReplica) -> type[BaseHTTPRequestHandler]:
                                            struct.pack("ii", 1, 0))
                 self.connection.close()
                 self.close_connection = True
+                return
+            if replica.behaviour == "draining":  # as gateway/drain.py refuses
+                self._answer(503, b'{"error": {"code": "server_shutting_down"}}',
+                             extra={"Retry-After": "1", "x-switchyard-unprocessed": "1"})
                 return
             if replica.behaviour == "503":
                 self._answer(503, b'{"error": {"code": "queue_timeout"}}',

@@ -113,6 +113,21 @@ def test_a_refused_connection_is_tried_on_another_replica(
             envoy.wait_healthy(cluster, len(replicas))
 
 
+def test_a_post_a_draining_replica_refused_is_tried_on_another(
+        envoy: EnvoyProcess, replicas: dict[str, StubReplica], behave: SetBehaviour) -> None:
+    """A draining replica refuses before any work and says so: the request goes elsewhere
+    (a rolling restart loses nothing), once."""
+    behave("ok")
+    draining, live = replicas["gateway-2"], replicas["gateway-1"]
+    draining.behaviour = "draining"
+    for _ in range(16):  # each finds the draining replica about half the time
+        answer = httpx.post(f"{envoy.url}/v1/chat/completions", json=CHAT, timeout=30)
+        assert answer.status_code == 200, answer.text
+        assert answer.json() == {"served_by": live.name}
+    assert live.posts() == 16
+    assert draining.posts() > 0  # it was tried, and refused
+
+
 @pytest.mark.parametrize("method, path", [("GET", "/v1/models"), ("POST", "/v1/completions")])
 def test_no_response_names_a_replica(envoy: EnvoyProcess, replicas: dict[str, StubReplica],
                                      behave: SetBehaviour, method: str, path: str) -> None:

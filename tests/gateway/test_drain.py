@@ -73,12 +73,14 @@ def test_sigterm_lets_live_streams_finish_then_exits_0(
         refused = kept.get("/v1/models")  # on the connection opened before the signal
         assert refused.status_code == 503 and refused.headers["connection"] == "close"
         assert refused.json()["error"]["code"] == "server_shutting_down"
+        assert refused.headers["x-switchyard-unprocessed"] == "1"  # a proxy may retry it
     with pytest.raises(openai.InternalServerError) as caught:  # a new connection
         client.chat.completions.create(model="slow", messages=HI, max_tokens=1)
     assert caught.value.status_code == 503 and caught.value.code == "server_shutting_down"
     assert "shutting down" in caught.value.message
     tgi = httpx.post(f"{gateway.url}/generate", json={"inputs": "hi"}, headers=auth, timeout=5)
     assert tgi.status_code == 503 and tgi.json()["error_type"] == "unavailable"
+    assert tgi.headers["x-switchyard-unprocessed"] == "1"
 
     for stream in streams:
         chunks = list(stream)
