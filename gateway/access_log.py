@@ -7,6 +7,11 @@ The line's fields (JSON logs carry them as keys; text logs as `key=value` in the
 key's id, never the key; "admin" for the admin key; null in open mode), `model`,
 `deployment`, `prompt_tokens`, `completion_tokens`, `queue_s`, `ttft_s`, `total_s` and
 `error` (the failure kind). `/health` and `/metrics` polls are logged at debug only.
+
+The text line escapes what a client controls (the decoded path, names): control and other
+unprintable characters, spaces and backslashes become `\\xNN` / `\\uNNNN`, so a path
+like `/%0Afake` stays on its line and cannot forge another. JSON lines keep the raw values
+(json escapes them itself).
 """
 
 from __future__ import annotations
@@ -60,9 +65,25 @@ def access_fields(scope: Scope, labels: RequestLabels, elapsed: float) -> dict[s
     }
 
 
+def escaped(value: object) -> str:
+    """`value` as one unambiguous word of a text log line (see the module doc)."""
+    text = str(value)
+    if text.isprintable() and " " not in text and "\\" not in text:
+        return text
+    return "".join(_escape(c) for c in text)
+
+
+def _escape(char: str) -> str:
+    if char.isprintable() and char not in " \\":
+        return char
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 \
+        else f"\\U{code:08x}"
+
+
 def _text(fields: dict[str, Any]) -> str:
-    head = f"{fields['method']} {fields['path']} {fields['status']}"
-    rest = " ".join(f"{k}={v}" for k, v in fields.items()
+    head = " ".join(escaped(fields[k]) for k in ("method", "path", "status"))
+    rest = " ".join(f"{k}={escaped(v)}" for k, v in fields.items()
                     if k not in ("method", "path", "status") and v is not None)
     return f"{head} {rest}"
 

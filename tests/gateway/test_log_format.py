@@ -13,7 +13,7 @@ import pytest
 from backends.base import LoadReport, LoadStage
 from backends.native.loading.load_progress import LoadTracker, describe, weight_progress
 from gateway.app import create_app
-from gateway.log_format import JsonFormatter, log_config
+from gateway.log_format import TEXT_FORMAT, JsonFormatter, log_config
 from gateway.settings import Settings
 from tests.gateway.echo_backend import EchoBackend
 
@@ -118,3 +118,18 @@ def test_log_format_flag_and_environment(monkeypatch) -> None:
     assert parsed().log_format == "json"
     with pytest.raises(ValueError):
         parsed("--log-format", "xml")
+
+
+def test_a_text_access_line_cannot_be_forged_by_the_path(serve_app, caplog) -> None:
+    """A decoded `/%0A...` path, or a CR, tab or backslash in it, stays escaped on its line."""
+    url = serve_app(create_app(Settings(), backends={"echo": EchoBackend(name="echo")}))
+    caplog.set_level(logging.INFO, logger="switchyard.access")
+    forged = "/x%0A2026-01-05 10:00:00,000 INFO switchyard.access: POST /admin 200%0D%09%5C"
+    assert httpx.get(url + forged).status_code == 404
+    (record,) = _access(caplog)
+    line = logging.Formatter(TEXT_FORMAT).format(record)
+    assert "\n" not in line and "\r" not in line and "\t" not in line
+    assert line.split(": ", 1)[1].startswith(
+        "GET /x\\x0a2026-01-05\\x2010:00:00,000\\x20INFO")
+    assert "\\x0d\\x09\\x5c 404 " in line
+    assert record.fields["path"].startswith("/x\n2026")  # type: ignore[attr-defined]
