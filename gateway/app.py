@@ -10,13 +10,15 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import Response
 
-from auth.access import AccessPolicy
+from auth.access import AccessPolicy, OpenAccess
 from auth.factory import build_access
 from backends.base import Backend
 from backends.registry import create_backend
 from gateway.admin.routes import router as admin_router
+from gateway.browser_guard import BrowserGuardMiddleware, BrowserPolicy, listens_on_loopback
 from gateway.drain import Drain, DrainMiddleware
 from gateway.errors import install_error_handlers
 from gateway.generation import ClientDisconnected
@@ -188,6 +190,13 @@ def create_app(
     app.state.drain = Drain()
     app.add_middleware(ResponseHeadersMiddleware)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_body_bytes)
+    origins = settings.cors_origins()
+    if origins:
+        app.add_middleware(CORSMiddleware, allow_origins=sorted(origins), allow_methods=["*"],
+                           allow_headers=["*"], expose_headers=["*"])
+    app.add_middleware(BrowserGuardMiddleware, policy=BrowserPolicy(
+        open_mode=isinstance(state.access, OpenAccess), allowed_origins=origins,
+        loopback_only=listens_on_loopback(settings.hostname)))
     app.add_middleware(DrainMiddleware, drain=app.state.drain)
     app.add_middleware(MetricsMiddleware, metrics=state.metrics)
     app.include_router(service_router)

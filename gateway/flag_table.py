@@ -154,6 +154,9 @@ SERVER = Group("server and auth", (
          metavar="SECONDS"),
     Flag("auth_fail_open_ttl", "how recently --auth-fail-open needs a key validated", "300",
          metavar="SECONDS"),
+    Flag("cors_allow_origins", "comma-separated web origins (https://app.example) allowed to "
+         "call from a browser: CORS for them; without keys, other pages' requests are refused",
+         Note("none: the gateway's own origin alone"), metavar="ORIGINS"),
 ))
 
 LOGGING = Group("logging and metrics", (

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import (
     Field,
@@ -66,6 +67,10 @@ class RequestLimits:
 
 
 _LIMITS = RequestLimits()
+
+
+def _split_origins(value: str | None) -> list[str]:
+    return [origin.strip() for origin in (value or "").split(",") if origin.strip()]
 
 
 class Settings(BaseSettings):
@@ -137,6 +142,9 @@ class Settings(BaseSettings):
     max_output_tokens: PositiveInt | None = None  # None: the model's --max-total-tokens alone
     shutdown_timeout: float = Field(30.0, ge=0)
     playground: bool = True  # the chat page at /playground (gateway/playground/)
+    # Web origins (https://app.example) allowed to call from a browser: CORS, and in open mode
+    # the only foreign origins not refused (gateway/browser_guard.py). Comma-separated.
+    cors_allow_origins: str | None = None
     # Every model's sampling defaults, under a models file's `defaults:` (a JSON object).
     sampling_defaults: Annotated[SamplingDefaultsDeclaration | None, NoDecode] = None
 
@@ -167,6 +175,20 @@ class Settings(BaseSettings):
             max_stop_sequences=self.max_stop_sequences, max_stop_length=self.max_stop_length,
             max_output_tokens=self.max_output_tokens,
         )
+
+    @field_validator("cors_allow_origins")
+    @classmethod
+    def _origins(cls, value: str | None) -> str | None:
+        for origin in _split_origins(value):
+            parts = urlsplit(origin)
+            if parts.scheme not in ("http", "https") or not parts.netloc or \
+                    origin != f"{parts.scheme}://{parts.netloc}":
+                raise ValueError(f"{origin!r} is not a web origin (scheme://host[:port], no "
+                                 "path or trailing slash, e.g. https://app.example.com)")
+        return value
+
+    def cors_origins(self) -> frozenset[str]:
+        return frozenset(_split_origins(self.cors_allow_origins))
 
     @field_validator("log_level", "log_format", "cpu_kernels", mode="before")
     @classmethod

@@ -19,7 +19,6 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from backends.base import ModelInfo, SamplingParams, StructuredOutput
-from gateway.body import LONE_SURROGATE, lone_surrogate
 from gateway.tgi.grammar import GrammarShapeError, parse_grammar
 
 MAX_STOP_SEQUENCES = 4  # the default of --max-stop-sequences (gateway/limits.py checks it)
@@ -87,11 +86,6 @@ class TGIRequest(BaseModel):
 def parse_request(data: Any) -> TGIRequest:
     if not isinstance(data, dict):
         raise TGIValidationError("Failed to deserialize the JSON body: expected a JSON object")
-    where = lone_surrogate(data)
-    if where is not None:  # serde refuses them while parsing; json.loads does not
-        raise TGIValidationError(
-            "Failed to deserialize the JSON body into the target type: "
-            f"{'.'.join(str(part) for part in where)}: {LONE_SURROGATE}")
     try:
         return TGIRequest.model_validate(data)
     except ValidationError as exc:
