@@ -22,6 +22,10 @@ from gateway.openai.messages import ChatMessage, checked_text, invalid, unsuppor
 MAX_STOPS = 4  # the default of --max-stop-sequences (gateway/limits.py checks it)
 MAX_CHOICES = 16
 MAX_TOP_LOGPROBS = 20
+# Entries of logit_bias, and ids of stop_token_ids, one request may give (OpenAI documents no
+# cap; every step applies them to each of the `n` choices, so they are bounded like `stop`).
+MAX_LOGIT_BIAS = 1024
+MAX_STOP_TOKEN_IDS = 1024
 _SEED_MIN, _SEED_MAX = -(2**63), 2**63 - 1
 _TOKEN_ID_MAX = 2**31
 TOOL_CHOICES = ("none", "auto", "required")
@@ -90,6 +94,9 @@ class SamplingFields(BaseModel):
     @field_validator("stop_token_ids")
     @classmethod
     def _token_ids(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None and len(value) > MAX_STOP_TOKEN_IDS:
+            raise invalid(f"stop_token_ids has {len(value)} ids; at most {MAX_STOP_TOKEN_IDS} "
+                          "are allowed")
         if value is not None and any(not 0 <= t < _TOKEN_ID_MAX for t in value):
             raise invalid("token ids must be >= 0 and < 2**31")
         return value
@@ -101,6 +108,9 @@ class SamplingFields(BaseModel):
             return ()
         if not isinstance(value, dict):
             raise invalid("logit_bias must be an object mapping token ids to biases")
+        if len(value) > MAX_LOGIT_BIAS:
+            raise invalid(f"logit_bias has {len(value)} entries; at most {MAX_LOGIT_BIAS} are "
+                          "allowed (bias fewer tokens, e.g. only those to favour or ban)")
         return tuple(_bias(key, bias) for key, bias in value.items())
 
     @field_validator("response_format", mode="before")

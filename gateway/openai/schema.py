@@ -13,7 +13,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
-from gateway.openai.requests import MAX_CHOICES, MAX_STOPS, MAX_TOP_LOGPROBS
+from gateway.openai.requests import (
+    MAX_CHOICES,
+    MAX_LOGIT_BIAS,
+    MAX_STOP_TOKEN_IDS,
+    MAX_STOPS,
+    MAX_TOP_LOGPROBS,
+)
 
 TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
 Seed = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
@@ -24,6 +30,7 @@ LogitBias = Annotated[dict[str, float], WithJsonSchema({
     "type": "object", "description": "Token id (a string of digits) -> bias from -100 to 100.",
     "propertyNames": {"pattern": "^[0-9]{1,9}$"},
     "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100},
+    "maxProperties": MAX_LOGIT_BIAS,
 })]
 
 
@@ -138,7 +145,7 @@ class _Sampling(_Doc):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     stop: Stop | None = None
-    stop_token_ids: list[TokenId] | None = None
+    stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     seed: Seed | None = None
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None

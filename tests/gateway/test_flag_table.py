@@ -43,6 +43,8 @@ def _other_value(flag: Flag) -> str:
         return "false" if flag.default == "true" else "true"
     if flag.metavar == "JSON":
         return '{"temperature": 0.5}'
+    if flag.metavar == "ORIGINS":
+        return "https://app.example.com"
     return "7"
 
 

@@ -3,12 +3,14 @@
 Order: repetition penalty, frequency/presence penalties, logit_bias, min_tokens, grammar mask.
 When the grammar allows only the stop tokens min_tokens hides, the grammar wins.
 Token ids outside the logits' width are ignored rather than failing the whole batch.
+logit_bias and the stop tokens are tensors made once per sequence (token_tables.py).
 """
 
 from __future__ import annotations
 
 import torch
 
+from backends.native.sampling.token_tables import bias_table, rows_and_tokens, stop_table
 from backends.native.scheduling.sequence import Sequence
 from backends.native.structured import apply_token_bitmask
 
@@ -67,16 +69,12 @@ def _frequency_presence_penalties(logits: torch.Tensor, seqs: list[Sequence]) ->
 
 
 def _logit_bias(logits: torch.Tensor, seqs: list[Sequence]) -> None:
-    vocab = logits.shape[1]
-    triples = [
-        (i, token, bias) for i, s in enumerate(seqs)
-        for token, bias in s.sampling.logit_bias if 0 <= token < vocab
-    ]
-    if not triples:
+    tables = [(i, bias_table(s, logits)) for i, s in enumerate(seqs) if s.sampling.logit_bias]
+    tables = [(i, t) for i, t in tables if t.tokens.numel()]
+    if not tables:
         return
-    rows, tokens, biases = zip(*triples, strict=True)
-    index = (_index(rows, logits), _index(tokens, logits))
-    bias = torch.tensor(biases, dtype=logits.dtype, device=logits.device)
+    index = rows_and_tokens(tables, logits.device)
+    bias = torch.cat([t.values for _, t in tables if t.values is not None])
     logits.index_put_(index, bias, accumulate=True)  # a repeated token adds up
 
 
@@ -86,14 +84,12 @@ _Hidden = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # rows, tokens, their
 def _min_tokens(logits: torch.Tensor, seqs: list[Sequence]) -> _Hidden | None:
     """Mask the stop tokens (EOS and stop_token_ids) until `min_tokens` were generated;
     returns what it masked."""
-    vocab = logits.shape[1]
-    pairs = [
-        (i, token) for i, s in enumerate(seqs) if s.num_output_tokens < s.sampling.min_tokens
-        for token in s.eos_token_ids if 0 <= token < vocab
-    ]
-    if not pairs:
+    tables = [(i, stop_table(s, logits)) for i, s in enumerate(seqs)
+              if s.num_output_tokens < s.sampling.min_tokens]
+    tables = [(i, t) for i, t in tables if t.tokens.numel()]
+    if not tables:
         return None
-    rows, tokens = (_index(values, logits) for values in zip(*pairs, strict=True))
+    rows, tokens = rows_and_tokens(tables, logits.device)
     old = logits[rows, tokens]
     logits[rows, tokens] = float("-inf")
     return rows, tokens, old
@@ -131,6 +127,3 @@ def column(values: list[float], like: torch.Tensor) -> torch.Tensor:
     """Per-row values as an [S, 1] tensor that broadcasts against `like` [S, V]."""
     return torch.tensor(values, dtype=like.dtype, device=like.device).unsqueeze(1)
 
-
-def _index(values: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.long, device=like.device)

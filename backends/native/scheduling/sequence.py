@@ -35,6 +35,22 @@ class OutputState:
     reasoning: ReasoningSplitter | None = None  # a thinking model's reasoning / content split
 
 
+@dataclass(frozen=True)
+class TokenTable:
+    """Token ids (long) and, for a bias, the amounts (the logits' dtype) on one device: a
+    sequence's logit_bias or stop tokens, made once (native/sampling/token_tables.py)."""
+
+    width: int
+    dtype: torch.dtype
+    device: torch.device
+    tokens: torch.Tensor
+    values: torch.Tensor | None = None
+
+    def fits(self, logits: torch.Tensor) -> bool:
+        return (self.width, self.dtype, self.device) == (
+            logits.shape[1], logits.dtype, logits.device)
+
+
 @dataclass
 class Sequence:
     """Tokens, progress and KV blocks of one request.
@@ -73,6 +89,9 @@ class Sequence:
     # A sampled choice draws from its own generator, seeded with `seed` (reported at the end).
     seed: int | None = None
     generator: torch.Generator | None = None
+    # logit_bias and the stop tokens as tensors, made at the first step that needs them
+    bias_table: TokenTable | None = None
+    stop_table: TokenTable | None = None
     first_scheduled: float | None = None  # time.monotonic() of its first step; None: queued
     finished_at: float | None = None  # time.monotonic() when it finished
 

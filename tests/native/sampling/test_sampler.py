@@ -379,3 +379,18 @@ def test_the_grammar_beats_min_tokens_when_it_allows_only_stop_tokens(
     assert processed[1, 5] == float("-inf") and (processed[1] > float("-inf")).sum() == 2
     out = sample(logits, seqs, torch.Generator(), bitmask=mask)
     assert out.token_ids[0] == 5 and out.token_ids[1] in {9, 30}
+
+
+def test_logit_bias_and_stop_tokens_become_tensors_once_per_sequence() -> None:
+    """Per step, only the rows' tables are joined: no Python list of (row, token) pairs."""
+    logits = torch.randn(2, 64)
+    bias = tuple((t, 0.5) for t in range(0, 64, 2))
+    seqs = [_seq(temperature=0.0, logit_bias=bias),
+            _seq(output=(1,), eos=frozenset({2, 13, 99}), min_tokens=4)]
+    first = process_logits(logits, seqs)
+    tables = (seqs[0].bias_table, seqs[1].stop_table)
+    assert tables[0] is not None and tables[0].tokens.tolist() == list(range(0, 64, 2))
+    assert tables[1] is not None and tables[1].tokens.tolist() == [2, 13]  # 99: outside
+    assert torch.equal(process_logits(logits, seqs), first)
+    assert (seqs[0].bias_table, seqs[1].stop_table) == tables  # the same objects, reused
+    assert seqs[0].bias_table is tables[0]
