@@ -10,6 +10,7 @@ and says which is missing.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import secrets
@@ -22,6 +23,8 @@ from typing import Any
 
 import httpx
 import pytest
+from fastapi import FastAPI
+from fastapi.responses import HTMLResponse
 
 from gateway.app import create_app
 from gateway.cli import build_parser, settings_from_args
@@ -305,3 +308,42 @@ def test_key_stays_in_the_tab(browser: Any, keyed: tuple[str, str, EchoBackend])
         assert page.input_value("#api-key") == ""
     finally:
         fresh.close()
+
+
+FOREIGN_PAGE = """<!doctype html><script>
+fetch("%s/v1/completions", {method: "POST", mode: "no-cors", headers: {"Content-Type":
+  "text/plain"}, body: JSON.stringify({model: "echo", prompt: "csrf", max_tokens: 2})})
+  .then(() => { document.title = "sent"; }, () => { document.title = "failed"; });
+</script>"""
+
+
+def test_open_mode_serves_the_playground_and_refuses_other_pages(
+        browser: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """Without keys: the page chats (same origin, JSON), while a page from another origin
+    that makes the browser POST a text/plain body to the gateway (CSRF) generates nothing."""
+    echo = EchoBackend(name="echo")
+    with running_server(create_app(Settings(), backends={"echo": echo})) as url:
+        context = browser.new_context()
+        try:
+            page = context.new_page()
+            page.set_default_timeout(TIMEOUT_MS)
+            page.goto(f"{url}/playground")
+            page.wait_for_function("() => document.querySelectorAll('#model option').length")
+            _send(page, "hello there")
+            _last_answer(page).locator(".stats").first.wait_for()
+            assert _last_answer(page).locator(".content").inner_text().startswith(WORDS[0])
+            assert len(echo.requests) == 1
+
+            other = FastAPI()  # another origin: the same host, another port
+            other.get("/")(lambda: HTMLResponse(FOREIGN_PAGE % url))
+            with running_server(other) as evil_url:
+                evil = context.new_page()
+                caplog.set_level(logging.INFO, logger="switchyard.access")
+                evil.goto(evil_url)
+                evil.wait_for_function("() => document.title !== ''")
+            lines = [r.getMessage() for r in caplog.records if r.name == "switchyard.access"]
+            # It reached the gateway (the browser sent it) and was refused there.
+            assert any(line.startswith("POST /v1/completions 403 ") for line in lines), lines
+            assert len(echo.requests) == 1
+        finally:
+            context.close()
