@@ -77,13 +77,21 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
 
 
 RETRY_AFTER_S = 1  # what an overloaded (429) or unready (503) answer suggests
+MAX_RETRY_AFTER_S = 3600  # a longer wait (an upstream's) is answered as an hour
+
+
+def retry_after_header(seconds: float) -> dict[str, str]:
+    """`Retry-After` in whole seconds, 1 to an hour; RETRY_AFTER_S for a non-number."""
+    if not math.isfinite(seconds):
+        return {"Retry-After": str(RETRY_AFTER_S if math.isnan(seconds) else MAX_RETRY_AFTER_S)}
+    return {"Retry-After": str(min(max(1, math.ceil(seconds)), MAX_RETRY_AFTER_S))}
 
 
 def from_request_error(exc: RequestError) -> OpenAIError:
     """A backend's refusal; a 429 (overloaded) or one with `retry_after` says when to retry."""
     headers = None
     if exc.retry_after is not None:
-        headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after)))}
+        headers = retry_after_header(exc.retry_after)
     elif exc.status_code == 429:
         headers = {"Retry-After": str(RETRY_AFTER_S)}
     return OpenAIError(
@@ -106,7 +114,9 @@ def from_deployment_error(exc: DeploymentError) -> OpenAIError:
     """An upstream that failed: 502 (bad answer), 504 (timeout), 429 / 503 with Retry-After."""
     headers = None
     if exc.retry_after is not None:
-        headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after)))}
+        headers = retry_after_header(exc.retry_after)
+    elif exc.status_code in (429, 503):
+        headers = retry_after_header(RETRY_AFTER_S)
     error_type = "rate_limit_error" if exc.status_code == 429 else "api_error"
     return OpenAIError(exc.status_code, exc.message, error_type=error_type, code=exc.code,
                        headers=headers)

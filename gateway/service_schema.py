@@ -26,7 +26,10 @@ class ModelHealth(BaseModel):
 
 class Health(BaseModel):
     """200 when every model has a ready deployment; 503 while any model has none, or while
-    the server drains before it exits (no models listed then)."""
+    the server drains before it exits. Where API keys are on, `models` only for the admin
+    key (and never while draining)."""
 
     status: Literal["ok", "unavailable", "draining"]
-    models: dict[str, ModelHealth]
+    models: dict[str, ModelHealth] | None = Field(
+        None, description="Each model's and deployment's state; where API keys are on, sent "
+                    "with the admin key only.")

@@ -1,6 +1,7 @@
 """HealthChecker: the background task that takes deployments out of rotation and back.
 
-Every tick (at most a second) it probes, with `backend.health()`, each deployment
+Every tick (at most a second) it probes, with `backend.check_health()` (an upstream
+backend: asks its server) or else `backend.health()`, each deployment
 whose probe is due: a cooling-down one when its cooldown ends, an unhealthy one every
 `min(cooldown_seconds, health_check_interval)` (a ready answer puts either back in
 rotation), a healthy one every `health_check_interval` (a not-ready answer takes it out,
@@ -12,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 from backends.base import Backend, Health
 from routing.deployment import Deployment, DeploymentState
@@ -23,9 +24,17 @@ MAX_TICK_S = 1.0
 
 
 async def probe(backend: Backend, timeout: float) -> Health:
-    """`backend.health()`, where an exception or a timeout reads as not ready."""
+    """A fresh answer: the backend's `check_health()` where it has one (an upstream backend
+    asks its server; its `health()` only recalls the last answer), else `health()`. An
+    exception or a timeout reads as not ready."""
+    check = getattr(backend, "check_health", None) or backend.health
+    return await current(check, timeout)
+
+
+async def current(check: Callable[[], Awaitable[Health]], timeout: float) -> Health:
+    """`check()`, where an exception or a timeout reads as not ready."""
     try:
-        return await asyncio.wait_for(backend.health(), timeout)
+        return await asyncio.wait_for(check(), timeout)
     except TimeoutError:
         return Health(ready=False, detail=f"health check timed out after {timeout:g} s")
     except Exception as exc:

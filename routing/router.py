@@ -37,7 +37,7 @@ from backends.events import close_events
 from routing.balancer import Balancer, best_tier
 from routing.deployment import Deployment
 from routing.errors import NoHealthyDeployment
-from routing.health import probe
+from routing.health import current
 from routing.policy import RoutingPolicy
 from routing.stats import Outcome
 
@@ -235,10 +235,11 @@ class ModelRouter:
             await backend.close()
 
     async def health(self) -> Health:
-        """Ready when a deployment in rotation answers ready now."""
+        """Ready when a deployment in rotation is ready (by what each backend knows now: an
+        upstream one is not asked; the background checker asks it)."""
         details = []
         for d in self.deployments:
-            health = await probe(d.backend, self.policy.probe_timeout)
+            health = await current(d.backend.health, self.policy.probe_timeout)
             if health.ready and d.in_rotation:
                 return Health(ready=True)
             details.append(f"{d.name}: {d.detail or health.detail or 'not ready'}")

@@ -6,12 +6,17 @@ Usage comes from the upstream (`stream_options.include_usage`); an upstream that
 option is asked again without it, and from then on usage is counted here
 (`info().extra["usage_source"]`).
 Closing the event iterator closes the upstream response, so the upstream aborts too.
+A request without `max_tokens` is sent with the room its prompt leaves in the window
+(`max_total_tokens` less the prompt as counted here): what the gateway reserved against the
+key's budget, so an upstream with a larger window cannot generate past the reservation.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
@@ -46,6 +51,17 @@ class RemoteBackend(UpstreamBackend):
             if card.get("id") == self.upstream_model and isinstance(limit, int) and limit > 1:
                 self.max_total_tokens, self.max_input_tokens = limit, limit - 1
 
+    def small_generation(self) -> tuple[str, dict[str, Any]]:
+        return "/completions", {"model": self.upstream_model, "prompt": ".", "max_tokens": 1}
+
+    async def _bounded(self, req: GenerationRequest) -> GenerationRequest:
+        """`req` with `max_tokens` set to the room its prompt leaves, when it has none."""
+        if req.sampling.max_tokens is not None:
+            return req
+        prompt = await asyncio.to_thread(self.count_tokens, req)
+        room = max(self.max_total_tokens - prompt, 1)
+        return replace(req, sampling=replace(req.sampling, max_tokens=room))
+
     def info_extra(self) -> dict[str, Any]:
         extra = super().info_extra()
         extra["usage_source"] = "upstream" if self._include_usage else self.counter.source
@@ -65,18 +81,19 @@ class RemoteBackend(UpstreamBackend):
         return await self.client.open_stream(path, body)
 
     async def events(self, req: GenerationRequest) -> AsyncIterator[GenerationEvent]:
-        response = await self._open(req)
+        response = await self._open(await self._bounded(req))
         reader = ChunkReader(chat=req.messages is not None, n=req.sampling.n)
         try:
-            with transport_errors(self.options.base_url):
-                if response.headers.get("content-type", "").startswith("application/json"):
-                    for event in reader.feed(parse_json((await response.read()).decode())):
-                        yield event
-                else:
+            if response.headers.get("content-type", "").startswith("application/json"):
+                whole = await self.client.read_whole(response)
+                for event in reader.feed(parse_json(whole.decode("utf-8", "replace"))):
+                    yield event
+            else:
+                with transport_errors(self.options.base_url):
                     done = False
                     # Read to the end, past [DONE]: a response closed unread loses its
                     # keep-alive connection (a new TCP connect per request).
-                    async for data in sse_data(response):
+                    async for data in sse_data(response, self.client.limits):
                         done = done or data.strip() == "[DONE]"
                         for event in [] if done else reader.feed(parse_json(data)):
                             yield event

@@ -87,7 +87,12 @@ def _usage(data: Any) -> Usage:
         raise malformed(f"usage lacks integer token counts: {data!r}")
     details = data.get("completion_tokens_details")
     reasoning = details.get("reasoning_tokens") if isinstance(details, dict) else None
-    return Usage(prompt, completion, reasoning if isinstance(reasoning, int) else None)
+    # Counts are billed: a negative one from a broken (or hostile) upstream would credit the
+    # key's budget. Clamped at 0; reasoning is part of the completion.
+    completion = max(completion, 0)
+    if isinstance(reasoning, int):
+        reasoning = min(max(reasoning, 0), completion)
+    return Usage(max(prompt, 0), completion, reasoning if isinstance(reasoning, int) else None)
 
 
 def split_total(total: int, weights: list[int]) -> list[int]:

@@ -4,6 +4,8 @@ Created in the backend's start() (a session belongs to a running loop), closed i
 A response read to its end gives its keep-alive connection back to the pool by itself;
 closing one cut short drops the connection, which is how the upstream learns to abort.
 Redirects are not followed (nor were they with httpx): a 3xx is no answer from a model.
+At most `max_connections` connections are open to the upstream (more requests wait for one);
+a request takes at most `request_timeout` seconds in all, `read_timeout` between two bytes.
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ from urllib.parse import urlsplit
 import aiohttp
 from yarl import URL
 
-from backends.remote.http import status_error, transport_errors
+from backends.remote.http import read_body, read_error_body, status_error, transport_errors
+from backends.remote.limits import ERROR_BODY_BYTES
 from backends.remote.options import UpstreamOptions
 
 HEALTH_TIMEOUT = aiohttp.ClientTimeout(total=2.0)
+PROBE_CONNECTIONS = 2
 # Idle connections are dropped before the 5 s keep-alive of uvicorn (vLLM, SGLang, Switchyard)
 # and most servers, so a request seldom goes out on a socket the upstream is closing.
 KEEPALIVE_S = 4.0
@@ -54,11 +58,15 @@ def tls_context() -> ssl.SSLContext:
     return ssl.create_default_context(cafile=certifi.where())
 
 
-def make_session(options: UpstreamOptions, headers: dict[str, str]) -> aiohttp.ClientSession:
+def make_session(
+    options: UpstreamOptions, headers: dict[str, str], connections: int,
+) -> aiohttp.ClientSession:
     tls = tls_context() if options.base_url.startswith("https://") else True
-    # No limit on connections; sock_read bounds the wait between bytes of a stream.
-    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S, ssl=tls)
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=options.connect_timeout,
+    connector = aiohttp.TCPConnector(limit=connections, keepalive_timeout=KEEPALIVE_S, ssl=tls)
+    # total: the whole request, waiting for a pooled connection and reading the stream
+    # included; sock_read: the wait between two bytes.
+    timeout = aiohttp.ClientTimeout(total=options.request_timeout,
+                                    sock_connect=options.connect_timeout,
                                     sock_read=options.read_timeout)
     return aiohttp.ClientSession(
         connector=connector, timeout=timeout, headers=headers, json_serialize=_dumps,
@@ -69,8 +77,12 @@ def make_session(options: UpstreamOptions, headers: dict[str, str]) -> aiohttp.C
 class UpstreamClient:
     def __init__(self, options: UpstreamOptions, headers: dict[str, str]) -> None:
         self.base_url = options.base_url
+        self.limits = options.limits()
         self._proxy = env_proxy(options.base_url)
-        self._session = make_session(options, headers)
+        self._session = make_session(options, headers, options.max_connections)
+        # Health checks and discovery on connections of their own: a pool busy with long
+        # streams is not a dead upstream.
+        self._probes = make_session(options, headers, PROBE_CONNECTIONS)
         self._urls: dict[str, URL] = {}
 
     def url(self, path: str) -> URL:
@@ -89,25 +101,46 @@ class UpstreamClient:
             if response.status < 400:
                 return response
             try:
-                raw = await response.read()
+                raw = await read_error_body(response)
             finally:
                 response.close()
         raise status_error(response.status, raw, response.headers)
 
+    async def read_whole(self, response: aiohttp.ClientResponse) -> bytes:
+        """A non-streamed answer's body, at most the deployment's `max_response_bytes`."""
+        with transport_errors(self.base_url):
+            return await read_body(response, self.limits.max_body_bytes)
+
     async def get_json(self, path: str) -> Any:
         """A small GET (limits discovery): its JSON, or aiohttp's error for a 4xx / 5xx."""
-        async with self._session.get(self.url(path), timeout=HEALTH_TIMEOUT, proxy=self._proxy,
+        async with self._probes.get(self.url(path), timeout=HEALTH_TIMEOUT, proxy=self._proxy,
                                      allow_redirects=False) as response:
             response.raise_for_status()
-            raw = await response.read()
+            raw = await read_body(response, self.limits.max_body_bytes)
         return json.loads(raw)
 
     async def status(self, path: str) -> int:
-        """The status of a GET, its body read so the connection stays reusable."""
-        async with self._session.get(self.url(path), timeout=HEALTH_TIMEOUT, proxy=self._proxy,
+        """The status of a GET, its body read so the connection stays reusable (a large one is
+        dropped with its connection)."""
+        async with self._probes.get(self.url(path), timeout=HEALTH_TIMEOUT, proxy=self._proxy,
                                      allow_redirects=False) as response:
-            await response.read()
+            body = await read_error_body(response)
+            if len(body) >= ERROR_BODY_BYTES:
+                response.close()
             return response.status
+
+    async def answers(self, path: str, body: dict[str, Any], timeout: float) -> bool:
+        """Whether the upstream answers a small POST within `timeout` seconds (any status
+        below 500: it is up and serving)."""
+        try:
+            async with self._probes.post(
+                    self.url(path), json=body, timeout=aiohttp.ClientTimeout(total=timeout),
+                    proxy=self._proxy, allow_redirects=False) as response:
+                await read_error_body(response)
+                return response.status < 500
+        except (aiohttp.ClientError, TimeoutError):
+            return False
 
     async def close(self) -> None:
         await self._session.close()
+        await self._probes.close()

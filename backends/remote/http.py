@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import email.utils
 import json
+import logging
+import math
+import os
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import contextmanager
@@ -19,28 +22,44 @@ import aiohttp
 from aiohttp.http_exceptions import HttpProcessingError
 
 from backends.base import DeploymentError, RequestError
+from backends.remote.limits import ERROR_BODY_BYTES, ResponseLimits, too_large
+from backends.remote.redact import redact_text, redact_url
+
+log = logging.getLogger(__name__)
+MAX_RETRY_AFTER_S = 3600.0  # an upstream's Retry-After beyond an hour is clamped to it
 
 _MISCONFIGURED = {401: "upstream_auth", 403: "upstream_auth", 404: "upstream_not_found"}
 
 
 @contextmanager
 def transport_errors(base_url: str) -> Iterator[None]:
-    """aiohttp's failures (connecting, waiting, reading) as DeploymentErrors."""
+    """aiohttp's failures (connecting, waiting, reading) as DeploymentErrors.
+
+    The client's message names the failure, never the upstream's address: `base_url` goes,
+    redacted, to the log only."""
     try:
         yield
     except aiohttp.ClientConnectorError as exc:
-        raise DeploymentError(f"cannot connect to the upstream {base_url}: {exc}",
+        _log_failure(base_url, exc)
+        code = exc.os_error.errno  # its strerror may quote the address
+        reason = os.strerror(code) if code else type(exc.os_error).__name__
+        raise DeploymentError(f"cannot connect to the upstream ({reason})",
                               status_code=502, code="upstream_unreachable") from None
     except TimeoutError as exc:  # aiohttp's ServerTimeoutError (connect, read) is one
-        kind = type(exc).__name__
-        raise DeploymentError(f"the upstream {base_url} timed out ({kind})",
+        raise DeploymentError(f"the upstream timed out ({type(exc).__name__})",
                               status_code=504, code="upstream_timeout") from None
     except (aiohttp.ClientError, HttpProcessingError) as exc:
-        # str(), not repr(): a ClientResponseError's repr carries the request headers, and
-        # with them the upstream's API key.
-        raise DeploymentError(f"the connection to the upstream {base_url} broke: "
-                              f"{type(exc).__name__}: {exc}",
+        _log_failure(base_url, exc)
+        raise DeploymentError(f"the connection to the upstream broke ({type(exc).__name__})",
                               status_code=502, code="upstream_error") from None
+
+
+def _log_failure(base_url: str, exc: BaseException) -> None:
+    # str(), not repr(): a ClientResponseError's repr carries the request headers, and with
+    # them the upstream's API key.
+    detail = str(exc).replace(base_url, redact_url(base_url))
+    log.info("upstream %s: %s: %s", redact_url(base_url), type(exc).__name__,
+                redact_text(detail))
 
 
 def error_fields(raw: bytes) -> dict[str, Any]:
@@ -61,18 +80,29 @@ def error_fields(raw: bytes) -> dict[str, Any]:
 
 
 def retry_after(headers: Mapping[str, str]) -> float | None:
-    value = headers.get("retry-after")
+    """An upstream's Retry-After, in seconds from now, within [0, MAX_RETRY_AFTER_S]; None
+    when it gave none or nothing readable (`inf`, `nan`, garbage)."""
+    value = headers.get("retry-after", "").strip()
     if not value:
         return None
     try:
-        return max(float(value), 0.0)
+        seconds = float(value)
     except ValueError:
-        pass
+        seconds = _http_date_seconds(value)
+    if seconds is None or not math.isfinite(seconds):
+        return None
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
+
+
+def _http_date_seconds(value: str) -> float | None:
     try:
         when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, IndexError, OverflowError):
         return None
-    return max(when.timestamp() - time.time(), 0.0)
+    try:
+        return when.timestamp() - time.time()
+    except (OverflowError, ValueError, OSError):
+        return None
 
 
 def status_error(status: int, raw: bytes, headers: Mapping[str, str]) -> Exception:
@@ -94,22 +124,85 @@ def status_error(status: int, raw: bytes, headers: Mapping[str, str]) -> Excepti
     )
 
 
-async def sse_data(response: aiohttp.ClientResponse) -> AsyncIterator[str]:
+async def read_body(response: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The whole body, or `upstream_too_large` once it passes `limit` bytes."""
+    body = bytearray()
+    async for chunk in response.content.iter_any():
+        body += chunk
+        if len(body) > limit:
+            raise too_large("the body", limit)
+    return bytes(body)
+
+
+async def read_error_body(response: aiohttp.ClientResponse) -> bytes:
+    """The start of an error answer (enough for its message); the rest is not read."""
+    body = bytearray()
+    async for chunk in response.content.iter_any():
+        body += chunk
+        if len(body) >= ERROR_BODY_BYTES:
+            break
+    return bytes(body[:ERROR_BODY_BYTES])
+
+
+async def sse_data(response: aiohttp.ClientResponse, limits: ResponseLimits,
+                   ) -> AsyncIterator[str]:
     """The `data` of each server-sent event, as chunks arrive (multi-line data joined).
 
-    The StreamReader's lines are whole however the bytes were split across chunks."""
-    lines: list[str] = []
-    async for raw in response.content:
-        line = raw.rstrip(b"\r\n")
-        if not line:
-            if lines:
-                yield "\n".join(lines)
-                lines = []
-            continue
-        if line.startswith(b"data:"):
-            lines.append(line[5:].removeprefix(b" ").decode("utf-8", "replace"))
+    Lines are whole however the bytes were split across chunks; a line longer than
+    `limits.max_line_bytes`, or an event longer than `limits.max_event_bytes`, ends the
+    stream with `upstream_too_large` before it is held whole."""
+    reader = _LineReader(limits.max_line_bytes)
+    lines: list[bytes] = []
+    size = 0
+    async for chunk in response.content.iter_any():
+        for line in reader.feed(chunk):
+            if not line:
+                if lines:
+                    yield _joined(lines)
+                    lines, size = [], 0
+                continue
+            if line.startswith(b"data:"):
+                data = line[5:].removeprefix(b" ")
+                size += len(data) + 1
+                if size > limits.max_event_bytes:
+                    raise too_large("one stream event", limits.max_event_bytes)
+                lines.append(data)
+    tail = reader.rest()
+    if tail.startswith(b"data:"):
+        lines.append(tail[5:].removeprefix(b" "))
     if lines:
-        yield "\n".join(lines)
+        yield _joined(lines)
+
+
+def _joined(lines: list[bytes]) -> str:
+    return b"\n".join(lines).decode("utf-8", "replace")
+
+
+class _LineReader:
+    """Bytes in, whole lines out (without their CR LF), each at most `limit` bytes."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._buffer = bytearray()
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        start = len(self._buffer)
+        self._buffer += chunk
+        lines = []
+        begin = 0
+        while (end := self._buffer.find(b"\n", max(start, begin))) >= 0:
+            line = bytes(self._buffer[begin:end]).rstrip(b"\r")
+            if len(line) > self._limit:
+                raise too_large("one stream line", self._limit)
+            lines.append(line)
+            begin = end + 1
+        del self._buffer[:begin]
+        if len(self._buffer) > self._limit:
+            raise too_large("one stream line", self._limit)
+        return lines
+
+    def rest(self) -> bytes:
+        return bytes(self._buffer).rstrip(b"\r")
 
 
 def parse_json(data: str) -> dict[str, Any]:

@@ -6,8 +6,18 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+)
+
+from backends.remote.limits import MIB, ResponseLimits
 
 DEFAULT_MAX_TOTAL_TOKENS = 4096
 
@@ -21,16 +31,35 @@ class UpstreamOptions(BaseModel):
     model: str | None = None
     api_key_env: str | None = None
     connect_timeout: float = Field(5.0, gt=0)
-    read_timeout: float = Field(120.0, gt=0)
+    read_timeout: float = Field(120.0, gt=0)  # the longest wait between two bytes
+    request_timeout: float = Field(900.0, gt=0)  # the longest a whole request may take
+    max_connections: int = Field(64, ge=1)  # open connections to this upstream at most
+    max_response_bytes: int = Field(16 * MIB, ge=1024)  # a whole (non-streamed) answer
+    max_sse_line_bytes: int = Field(MIB, ge=1024)  # one line of an event stream
+    max_sse_event_bytes: int = Field(4 * MIB, ge=1024)  # one event (its data lines joined)
     tokenizer: str | None = None  # a Hugging Face tokenizer folder or a .gguf file
-    max_total_tokens: int | None = Field(None, ge=2)
+    # vLLM's name is accepted too; unset: the upstream's, read from it (else 4096).
+    max_total_tokens: int | None = Field(
+        None, ge=2, validation_alias=AliasChoices("max_total_tokens", "max_model_len"))
 
     @field_validator("base_url")
     @classmethod
     def _url(cls, value: str) -> str:
         if not value.startswith(("http://", "https://")):
             raise ValueError("must start with http:// or https://")
+        parts = urlsplit(value)
+        if parts.username is not None or parts.password is not None:
+            raise ValueError(
+                "must not carry credentials (user:pass@): URLs end up in logs and answers. "
+                "Put the upstream's key in an environment variable and name it with "
+                "`api_key_env` (sent as `Authorization: Bearer`)")
+        if not parts.hostname:
+            raise ValueError("names no host")
         return value.rstrip("/")
+
+    def limits(self) -> ResponseLimits:
+        return ResponseLimits(self.max_response_bytes, self.max_sse_line_bytes,
+                              self.max_sse_event_bytes)
 
     @field_validator("tokenizer")
     @classmethod
@@ -56,13 +85,14 @@ class RemoteOptions(UpstreamOptions):
 
 
 OptionsT = TypeVar("OptionsT", bound=UpstreamOptions)
+ALIASES = frozenset({"max_model_len"})  # other names of fields
 
 
 def parse_options(
     cls: type[OptionsT], backend: str, model: str, options: Mapping[str, Any],
 ) -> OptionsT:
     """`options` as `cls`, or a ValueError naming the model, the backend and the bad field."""
-    unknown = sorted(set(options) - set(cls.model_fields))
+    unknown = sorted(set(options) - set(cls.model_fields) - ALIASES)
     if unknown:
         raise ValueError(
             f"model {model!r}: unknown {backend} backend option(s) {unknown}; "

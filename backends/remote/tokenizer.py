@@ -3,13 +3,12 @@ none) and chat templates (TGI's /generate has no chat).
 
 A Hugging Face folder is read with `tokenizers` and `jinja2` alone, so these backends stay free
 of torch; a .gguf file goes through transformers' GGUF conversion (which loads torch).
-Without a tokenizer, counts are estimated at 4 characters a token.
+Without a tokenizer, counts are estimated erring high (`estimate_tokens`).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 from datetime import datetime
 from pathlib import Path
@@ -160,9 +159,26 @@ def load_tokenizer(path: str) -> ChatTokenizer:
     return GGUFTokenizer(path) if path.endswith(".gguf") else FolderTokenizer(path)
 
 
+_ASCII = bytes(range(128))
+_LETTERS = bytes(c for c in range(128) if chr(c).isalpha())
+_SINGLES = bytes(c for c in range(128) if not chr(c).isalpha() and c != 32)  # + line breaks
+# Every byte but the letters -> a space, so that split() gives the runs of letters.
+_WORDS = bytes(c if chr(c).isalpha() and c < 128 else 32 for c in range(256))
+MESSAGE_OVERHEAD_TOKENS = 8  # a chat template's role markers, per message
+
+
 def estimate_tokens(text: str) -> int:
-    """About 4 characters a token (OpenAI's rule of thumb for English)."""
-    return math.ceil(len(text) / 4)
+    """Tokens of `text` without its tokenizer, erring high (the count is reserved against a
+    key's budget and the upstream's window): a token per 4 letters of an ASCII word, rounded
+    up (OpenAI's rule of thumb for English), a token per digit, punctuation mark, line break
+    and pair of spaces, and a token per UTF-8 byte of anything else (byte-level BPE never
+    needs more, while CJK text takes 1-3 a character: 2-4x what 4 characters a token says)."""
+    raw = text.encode("utf-8", "surrogatepass")
+    non_ascii = len(raw.translate(None, _ASCII))
+    singles = len(raw) - len(raw.translate(None, _SINGLES))
+    letters = len(raw) - len(raw.translate(None, _LETTERS))
+    words = len(raw.translate(_WORDS).split())
+    return non_ascii + singles + (letters + 3 * words) // 4 + raw.count(b"  ")
 
 
 class TokenCounter:
@@ -201,7 +217,8 @@ class TokenCounter:
         if req.prompt_token_ids is not None:
             return len(req.prompt_token_ids)
         if self.tokenizer is None:
-            return estimate_tokens(self.prompt_text(req))
+            overhead = MESSAGE_OVERHEAD_TOKENS * len(req.messages or ())
+            return estimate_tokens(self.prompt_text(req)) + overhead
         return len(self.prompt_ids(req))
 
     def detokenize(self, token_ids: list[int]) -> str:

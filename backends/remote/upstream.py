@@ -1,8 +1,14 @@
-"""What the HTTP backends share: the client's life, health, limits, counts, in-flight gauge."""
+"""What the HTTP backends share: the client's life, health, limits, counts, in-flight gauge.
+
+Health: `check_health()` asks the upstream (a GET of `health_path`); routing's background
+checker calls it every `health_check_interval`. `health()` answers the last check without
+asking anything, so `/health` polls never reach the upstream.
+"""
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
@@ -12,6 +18,7 @@ import aiohttp
 from backends.base import (
     BackendStats,
     BackendUnavailable,
+    DeploymentError,
     GenerationEvent,
     GenerationRequest,
     Health,
@@ -20,6 +27,7 @@ from backends.base import (
 )
 from backends.remote.client import UpstreamClient
 from backends.remote.options import DEFAULT_MAX_TOTAL_TOKENS, UpstreamOptions, api_key
+from backends.remote.timeouts import TimeoutJudge
 from backends.remote.tokenizer import TokenCounter, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -43,15 +51,29 @@ class UpstreamBackend:
         self.max_input_tokens = self.max_total_tokens - 1
         self._client: UpstreamClient | None = None
         self._in_flight = 0
+        self._health = Health(False, "not started")
+        self._limits_known = options.max_total_tokens is not None
+        self._timeouts = TimeoutJudge(options.request_timeout, options.read_timeout,
+                                      self._answers_small_generation)
 
     async def start(self) -> None:
         self._client = UpstreamClient(self.options, self._headers)
-        if self.options.max_total_tokens is None:
-            try:
-                await self.discover_limits(self._client)
-            except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as exc:
-                log.warning("%s: could not read the upstream's limits (%s); using %d tokens",
-                            self.name, exc, self.max_total_tokens)
+        await self._discover()
+        await self.check_health()
+
+    async def _discover(self) -> None:
+        """The upstream's window, where it says it; tried again at each health check until
+        it answers (an upstream down at startup is read once it is up)."""
+        if self._limits_known or self._client is None:
+            return
+        try:
+            await self.discover_limits(self._client)
+        except (aiohttp.ClientError, TimeoutError, DeploymentError, ValueError, KeyError,
+                TypeError) as exc:
+            log.warning("%s: could not read the upstream's limits (%s); using %d tokens",
+                        self.name, type(exc).__name__, self.max_total_tokens)
+            return
+        self._limits_known = True
 
     async def discover_limits(self, client: UpstreamClient) -> None:
         """Read max_total_tokens / max_input_tokens from the upstream, where it says them."""
@@ -68,15 +90,23 @@ class UpstreamBackend:
         return self._client
 
     async def health(self) -> Health:
+        """The last check's answer (no request to the upstream)."""
+        return self._health if self._client is not None else Health(False, "not started")
+
+    async def check_health(self) -> Health:
+        """Ask the upstream now, and remember its answer for `health()`."""
         if self._client is None:
             return Health(False, "not started")
         try:
             status = await self._client.status(self.health_path)
         except (aiohttp.ClientError, TimeoutError) as exc:
-            return Health(False, f"upstream unreachable: {type(exc).__name__}")
-        if status >= 400:
-            return Health(False, f"upstream answered {status}")
-        return Health(True, "ready")
+            self._health = Health(False, f"upstream unreachable: {type(exc).__name__}")
+            return self._health
+        self._health = (Health(False, f"upstream answered {status}") if status >= 400
+                        else Health(True, "ready"))
+        if self._health.ready:
+            await self._discover()
+        return self._health
 
     def info(self) -> ModelInfo:
         return ModelInfo(
@@ -90,10 +120,10 @@ class UpstreamBackend:
         return None
 
     def info_extra(self) -> dict[str, Any]:
-        return {
-            "base_url": self.options.base_url, "upstream_model": self.upstream_model,
-            "tokenizer": self.options.tokenizer, "usage_source": self.counter.source,
-        }
+        # Never the base_url: /info is open, and an address is not the client's business.
+        return {"upstream_model": self.upstream_model,
+                "tokenizer": self.options.tokenizer is not None,
+                "usage_source": self.counter.source}
 
     def stats(self) -> BackendStats:
         return BackendStats(running=self._in_flight)
@@ -112,12 +142,26 @@ class UpstreamBackend:
 
     async def generate(self, req: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         self._in_flight += 1
+        started, sent = time.monotonic(), False
         try:
             async with aclosing(self.events(req)) as events:
-                async for event in events:
-                    yield event
+                try:
+                    async for event in events:
+                        sent = True
+                        yield event
+                except DeploymentError as exc:  # a timeout may be the request's own
+                    raise await self._timeouts.judge(exc, started, sent=sent) from None
         finally:
             self._in_flight -= 1
 
     def events(self, req: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         raise NotImplementedError
+
+    def small_generation(self) -> tuple[str, dict[str, Any]]:
+        """The path and body of a one-token generation, to tell a stuck upstream from a
+        request too large for it (backends/remote/timeouts.py)."""
+        raise NotImplementedError
+
+    async def _answers_small_generation(self, timeout: float) -> bool:
+        path, body = self.small_generation()
+        return await self.client.answers(path, body, timeout)

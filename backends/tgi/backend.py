@@ -41,6 +41,9 @@ class TGIBackend(UpstreamBackend):
             limit = info.get("max_input_tokens", info.get("max_input_length"))
             self.max_input_tokens = limit if isinstance(limit, int) else total - 1
 
+    def small_generation(self) -> tuple[str, dict[str, Any]]:
+        return "/generate", {"inputs": ".", "parameters": {"max_new_tokens": 1}}
+
     def chat_template(self) -> str | None:
         """The `tokenizer` option's template: this backend renders chats itself."""
         tokenizer = self.counter.tokenizer
@@ -85,7 +88,7 @@ class TGIBackend(UpstreamBackend):
         last: GenerationEvent | None = None
         try:
             with transport_errors(self.options.base_url):
-                async for data in sse_data(response):
+                async for data in sse_data(response, self.client.limits):
                     if last is not None:
                         continue  # read to the end: the connection stays reusable
                     event = reader.feed(parse_json(data))
@@ -105,8 +108,7 @@ class TGIBackend(UpstreamBackend):
         whole answer: its tokens are replayed as stream frames, the prompt's on the first."""
         response = await self.client.open_stream("/generate", body)
         try:
-            with transport_errors(self.options.base_url):
-                raw = await response.read()
+            raw = await self.client.read_whole(response)
         finally:
             response.close()
         try:

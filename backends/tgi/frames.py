@@ -114,9 +114,9 @@ class FrameReader:
             str(self.details.get("finish_reason")), ("stop", "eos_token"))
         prompt = self.details.get("input_length")
         generated = self.details.get("generated_tokens")
-        usage = Usage(
-            prompt if isinstance(prompt, int) else self.prompt_tokens(),
-            generated if isinstance(generated, int) and not stopped else self.generated,
+        usage = Usage(  # billed: a negative count must not credit a key's budget
+            max(prompt, 0) if isinstance(prompt, int) else self.prompt_tokens(),
+            max(generated, 0) if isinstance(generated, int) and not stopped else self.generated,
         )
         seed = self.details.get("seed")
         return GenerationEvent(

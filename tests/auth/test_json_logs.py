@@ -56,7 +56,8 @@ def _poll_while_loading(url: str, process: subprocess.Popen, run: Run) -> None:
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and process.poll() is None:
         try:
-            health = httpx.get(f"{url}/health", timeout=5)
+            health = httpx.get(f"{url}/health", timeout=5,  # the detail: the admin's
+                               headers={"Authorization": f"Bearer {ADMIN_KEY}"})
         except httpx.TransportError:
             time.sleep(0.05)
             continue

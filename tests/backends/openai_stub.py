@@ -4,7 +4,11 @@
 "no_stream_options" (a 400 naming stream_options when asked for it, as some servers do),
 "malformed" (a non-JSON event), "no_choices" (a chunk without choices), "die" (the socket
 breaks after two pieces), "hang" (nothing is sent), "json" (a non-streamed answer),
-"ignore_n" (one choice, whatever `n` asked). With `n` > 1, choice k streams PIECES less its
+"ignore_n" (one choice, whatever `n` asked), "endless_line" (one SSE line that never ends),
+"huge_json" (a JSON answer of HUGE_BYTES), "negative_usage" (usage counts below zero),
+"retry_after:<value>" (a 429 with that Retry-After), "slow_long_prompts" (a prompt of more
+than LONG_PROMPT characters waits 2 s before its answer starts; others are answered). With
+`n` > 1, choice k streams PIECES less its
 last k pieces (finish "length" for k > 0, the usage totals them); with logprobs each piece has
 the logprob -0.1 * (k + 1) and the asked number of alternatives, worse ones named `alt<j>`,
 listed worst first.
@@ -22,6 +26,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 PIECES = ("Hello", ",", " brave", " little", " toaster", "!")
+HUGE_BYTES = 64 * 2**20
+LONG_PROMPT = 1000
 
 
 @dataclass
@@ -31,6 +37,12 @@ class OpenAIStub:
     requests: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
     cancelled: int = 0
+    gets: int = 0  # GET /v1/models (health checks, limits discovery)
+    sent_bytes: int = 0  # of the endless and huge answers
+    max_model_len: int | None = 2048  # listed on /v1/models; None: not listed
+    models_status: int = 200  # what GET /v1/models answers
+    streaming: int = 0  # answers streaming now
+    peak: int = 0  # the most streaming at once
 
 
 def _logprobs(chat: bool, piece: str, k: int, index: int) -> dict[str, Any]:
@@ -79,6 +91,8 @@ async def _stream(stub: OpenAIStub, chat: bool, body: dict[str, Any]) -> AsyncIt
     top = _top(chat, body)
     lengths = [len(PIECES) - k for k in range(n)]
     done = False
+    stub.streaming += 1
+    stub.peak = max(stub.peak, stub.streaming)
     try:
         for i, piece in enumerate(PIECES):
             if stub.delay_s:
@@ -95,12 +109,14 @@ async def _stream(stub: OpenAIStub, chat: bool, body: dict[str, Any]) -> AsyncIt
                 if i == lengths[k] - 1:
                     yield _sse(_chunk(chat, None, "stop" if k == 0 else "length", k))
         if usage:
+            sign = -10**6 if stub.mode == "negative_usage" else 1
             yield _sse({"id": "c1", "choices": [], "usage": {
-                "prompt_tokens": 7, "completion_tokens": sum(lengths),
-                "total_tokens": 7 + sum(lengths)}})
+                "prompt_tokens": 7 * sign, "completion_tokens": sum(lengths) * sign,
+                "total_tokens": (7 + sum(lengths)) * sign}})
         yield _sse("[DONE]")
         done = True
     finally:
+        stub.streaming -= 1
         stub.cancelled += 0 if done else 1
 
 
@@ -120,12 +136,42 @@ def _whole(chat: bool) -> dict[str, Any]:
             "usage": {"prompt_tokens": 7, "completion_tokens": 6, "total_tokens": 13}}
 
 
+async def _endless(stub: OpenAIStub, head: bytes) -> AsyncIterator[bytes]:
+    yield head
+    while True:  # a client that left cancels it (sleep: a gap for that to happen)
+        await asyncio.sleep(0.001)
+        stub.sent_bytes += 2**16
+        yield b"x" * 2**16
+
+
+async def _huge(stub: OpenAIStub) -> AsyncIterator[bytes]:
+    yield b'{"id": "c1", "choices": [], "padding": "'
+    for _ in range(HUGE_BYTES // 2**16):
+        await asyncio.sleep(0.001)
+        stub.sent_bytes += 2**16
+        yield b"x" * 2**16
+    yield b'"}'
+
+
+def _prompt_size(body: dict[str, Any]) -> int:
+    return len(json.dumps(body.get("messages") or body.get("prompt") or ""))
+
+
 async def _answer(stub: OpenAIStub, request: Request, chat: bool) -> Response:
     body = await request.json()
     stub.requests.append(body)
     stub.headers.append(dict(request.headers))
     if stub.mode.startswith("status:"):
         return _error(int(stub.mode.split(":")[1]))
+    if stub.mode.startswith("retry_after:"):
+        return JSONResponse({"error": {"message": "slow down", "type": "rate_limit"}}, 429,
+                            headers={"Retry-After": stub.mode.split(":", 1)[1]})
+    if stub.mode == "endless_line":
+        return StreamingResponse(_endless(stub, b"data: "), media_type="text/event-stream")
+    if stub.mode == "huge_json":
+        return StreamingResponse(_huge(stub), media_type="application/json")
+    if stub.mode == "slow_long_prompts" and _prompt_size(body) > LONG_PROMPT:
+        await asyncio.sleep(2)
     if stub.mode == "hang":
         await asyncio.sleep(2)
     if stub.mode == "json":
@@ -141,9 +187,12 @@ def create_openai_stub(stub: OpenAIStub) -> FastAPI:
     app = FastAPI()
 
     @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": "stub-model", "object": "model",
-                                            "max_model_len": 2048}]}
+    async def models() -> Response:
+        stub.gets += 1
+        card: dict[str, Any] = {"id": "stub-model", "object": "model"}
+        if stub.max_model_len is not None:
+            card["max_model_len"] = stub.max_model_len
+        return JSONResponse({"object": "list", "data": [card]}, stub.models_status)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:

@@ -86,7 +86,8 @@ def _ask_streamed(client: openai.OpenAI) -> tuple[str, tuple[int, int]]:
 
 
 def _states(url: str) -> dict[str, str]:
-    report = httpx.get(f"{url}/health", timeout=10).json()["models"][MODEL]["deployments"]
+    report = httpx.get(f"{url}/health", headers=admin_headers(),
+                       timeout=10).json()["models"][MODEL]["deployments"]
     return {name: d["state"] for name, d in report.items()}
 
 
@@ -167,4 +168,5 @@ def test_mid_stream_kill_ends_the_stream_with_an_error_and_records_usage(
 
 
 def _deployments(url: str) -> dict[str, dict]:
-    return httpx.get(f"{url}/health", timeout=10).json()["models"][MODEL]["deployments"]
+    return httpx.get(f"{url}/health", headers=admin_headers(),
+                     timeout=10).json()["models"][MODEL]["deployments"]

@@ -200,7 +200,8 @@ def fresh(routed: str, stand_ins: tuple[Flaky, Flaky]) -> tuple[Flaky, Flaky]:
 
 
 def _states(url: str, model: str = "m") -> dict[str, str]:
-    report = httpx.get(f"{url}/health").json()["models"][model]["deployments"]
+    report = httpx.get(f"{url}/health", headers=admin_headers()).json()["models"][model][
+        "deployments"]
     return {name: d["state"] for name, d in report.items()}
 
 
@@ -230,7 +231,7 @@ def test_fallback_cooldown_and_recovery(routed: str, fresh: tuple[Flaky, Flaky])
     # Two failures in a row: primary cools down and is not even tried.
     client.chat.completions.create(model="m", messages=CHAT, max_tokens=1)
     assert (len(primary.requests), len(backup.requests)) == (3, 3)
-    report = httpx.get(f"{routed}/health").json()["models"]["m"]
+    report = httpx.get(f"{routed}/health", headers=admin_headers()).json()["models"]["m"]
     assert report["ready"] is True and report["deployments"]["primary"]["state"] == "cooling_down"
     metrics = httpx.get(f"{routed}/metrics", headers=admin_headers()).text
     primary_labels = 'deployment="primary",model="m"'
