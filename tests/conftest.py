@@ -133,3 +133,12 @@ def tiny_model(
         return cache[arch]
 
     return make
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """llama.cpp's llama-quantize, where a collected test needs it, starts building now in
+    the background (tests/llama_cpp_tools.py): ~10 minutes of the core the suite leaves idle."""
+    from tests import llama_cpp_tools
+
+    if any(item.nodeid.startswith(llama_cpp_tools.TESTS) for item in session.items):
+        llama_cpp_tools.start_build()
