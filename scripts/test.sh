@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set up (if needed), lint, and run the tests single-threaded. Extra args go to pytest.
+# Set up (if needed), lint, and run the tests single-threaded (the 30 slowest listed at the end,
+# to keep the suite's time in view). Extra args go to pytest.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -12,7 +13,7 @@ lint_rc=0
 .venv/bin/ruff check . || lint_rc=$?
 
 test_rc=0
-.venv/bin/python -m pytest -q "$@" || test_rc=$?
+.venv/bin/python -m pytest -q --durations=30 "$@" || test_rc=$?
 
 if [[ $test_rc -eq 5 ]]; then
     echo "test.sh: pytest collected no tests; treating that as a failure" >&2
