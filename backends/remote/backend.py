@@ -13,10 +13,8 @@ key's budget, so an upstream with a larger window cannot generate past the reser
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import replace
 from typing import Any
 
 import aiohttp
@@ -54,14 +52,6 @@ class RemoteBackend(UpstreamBackend):
     def small_generation(self) -> tuple[str, dict[str, Any]]:
         return "/completions", {"model": self.upstream_model, "prompt": ".", "max_tokens": 1}
 
-    async def _bounded(self, req: GenerationRequest) -> GenerationRequest:
-        """`req` with `max_tokens` set to the room its prompt leaves, when it has none."""
-        if req.sampling.max_tokens is not None:
-            return req
-        prompt = await asyncio.to_thread(self.count_tokens, req)
-        room = max(self.max_total_tokens - prompt, 1)
-        return replace(req, sampling=replace(req.sampling, max_tokens=room))
-
     def info_extra(self) -> dict[str, Any]:
         extra = super().info_extra()
         extra["usage_source"] = "upstream" if self._include_usage else self.counter.source
@@ -81,7 +71,7 @@ class RemoteBackend(UpstreamBackend):
         return await self.client.open_stream(path, body)
 
     async def events(self, req: GenerationRequest) -> AsyncIterator[GenerationEvent]:
-        response = await self._open(await self._bounded(req))
+        response = await self._open(await self.bounded(req))
         reader = ChunkReader(chat=req.messages is not None, n=req.sampling.n)
         try:
             if response.headers.get("content-type", "").startswith("application/json"):

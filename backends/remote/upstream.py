@@ -3,14 +3,21 @@
 Health: `check_health()` asks the upstream (a GET of `health_path`); routing's background
 checker calls it every `health_check_interval`. `health()` answers the last check without
 asking anything, so `/health` polls never reach the upstream.
+
+Bounds: a request without `max_tokens` is sent with the room its prompt leaves in the window
+(`max_total_tokens` less the prompt as counted here), which is what the gateway reserved
+against the key's budget: an upstream with a larger window, or one that takes "no limit" as
+the rest of its own window, cannot generate past the reservation.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
@@ -130,6 +137,14 @@ class UpstreamBackend:
 
     def drain_step_timings(self) -> list[StepTiming]:
         return []
+
+    async def bounded(self, req: GenerationRequest) -> GenerationRequest:
+        """`req` with `max_tokens` set to the room its prompt leaves, when it has none."""
+        if req.sampling.max_tokens is not None:
+            return req
+        prompt = await asyncio.to_thread(self.count_tokens, req)
+        room = max(self.max_total_tokens - prompt, 1)
+        return replace(req, sampling=replace(req.sampling, max_tokens=room))
 
     def count_tokens(self, req: GenerationRequest) -> int:
         return self.counter.prompt_tokens(req)

@@ -4,6 +4,8 @@ TGI's /generate has no chat: messages (and `tools`, as transformers passes them)
 with the `tokenizer` option's chat template (without one, chat is refused with a 400 naming
 the option); the gateway reads tool calls from the text, as with any backend. A request for
 prompt logprobs goes to `/generate` (TGI computes them only there) and is answered whole.
+A request without `max_tokens` is sent with `max_new_tokens` set to the room its prompt leaves
+(what the gateway reserved), never null: TGI would take the rest of its own window.
 Errors, timeouts and closing behave as in `backends.remote`.
 """
 
@@ -77,6 +79,7 @@ class TGIBackend(UpstreamBackend):
 
     async def events(self, req: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         inputs = self._inputs(req)
+        req = await self.bounded(req)
         body = build_payload(inputs, req.sampling)
         reader = FrameReader(req.sampling.logprobs, StopChecker(req.sampling.stop),
                              lambda: self.counter.prompt_tokens(req))

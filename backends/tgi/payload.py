@@ -2,7 +2,8 @@
 
 TGI refuses temperature <= 0 and top_p >= 1, so greedy is `do_sample: false` and neutral
 values are left out. A null `max_new_tokens` asks TGI for the rest of the context window
-(its default, 100, applies only when the field is absent). What TGI has no parameter for is
+(its default, 100, applies only when the field is absent); the backend sends none, it bounds
+the request first (`UpstreamBackend.bounded`). What TGI has no parameter for is
 refused with a 400 naming it, before anything is sent.
 """
 

@@ -1,7 +1,8 @@
 """A remote deployment's window and prompt counts, which the gateway reserves a key's tokens by:
 the upstream's real window (configured, or read from it, even once it comes up late), an
-omitted `max_tokens` sent as the room the prompt leaves (never more than was reserved), and
-prompts counted without a tokenizer never below what a real tokenizer says."""
+omitted `max_tokens` sent as the room the prompt leaves (never more than was reserved; for
+OpenAI-compatible and TGI upstreams alike), and prompts counted without a tokenizer never
+below what a real tokenizer says."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from backends.registry import BackendSpec, create_backend
 from routing.health import probe
 from tests.backends.harness import collect, request
 from tests.backends.openai_stub import OpenAIStub, create_openai_stub
+from tests.backends.tgi_stub import MAX_TOTAL_TOKENS, StubTGI, create_stub_app
 from tests.gateway.conftest import running_server
 
 SAMPLES = {
@@ -35,10 +37,22 @@ def stub() -> Iterator[tuple[str, OpenAIStub]]:
         yield url + "/v1", upstream
 
 
+@pytest.fixture
+def tgi() -> Iterator[tuple[str, StubTGI]]:
+    upstream = StubTGI()
+    with running_server(create_stub_app(upstream)) as url:
+        yield url, upstream
+
+
 def _remote(base_url: str, **options: Any) -> Backend:
     return create_backend(BackendSpec(
         name="m", model_id="unused", backend="remote",
         options={"base_url": base_url, "model": "stub-model", **options}))
+
+
+def _tgi(base_url: str, **options: Any) -> Backend:
+    return create_backend(BackendSpec(name="m", model_id="unused", backend="tgi",
+                                      options={"base_url": base_url, **options}))
 
 
 async def test_an_omitted_max_tokens_is_sent_as_the_room_the_prompt_leaves(stub) -> None:
@@ -73,6 +87,32 @@ async def test_the_configured_max_model_len_is_the_window(stub) -> None:
         await backend.close()
     assert backend.info().max_total_tokens == 1000  # over the upstream's 2048
     assert upstream.requests[-1]["max_tokens"] == 1000 - backend.count_tokens(req)
+
+
+async def test_tgi_is_sent_the_room_the_prompt_leaves_never_a_null_max_new_tokens(
+    tgi, tokenizer_dir: Path,
+) -> None:
+    """A null `max_new_tokens` lets TGI fill the rest of its own window, past what the gateway
+    reserved: the backend sends the room left in the window it reserved against."""
+    url, upstream = tgi
+    estimated, exact = _tgi(url), _tgi(url, tokenizer=str(tokenizer_dir), max_total_tokens=40)
+    text = request(SAMPLES["english"])
+    chat = request(messages=[{"role": "user", "content": "Tell me a story."}])
+    logprobs = request("a b c", prompt_logprobs=0)  # answered whole, by /generate
+    for backend, reqs in ((estimated, (text, logprobs)), (exact, (text, chat))):
+        await backend.start()
+        try:
+            for req in reqs:
+                await collect(backend, req)
+            await collect(backend, request("hi", max_tokens=7))
+        finally:
+            await backend.close()
+    sent = [r["parameters"]["max_new_tokens"] for r in upstream.requests]
+    assert estimated.info().max_total_tokens == MAX_TOTAL_TOKENS  # read from /info
+    assert exact.info().max_total_tokens == 40  # configured, under the upstream's 64
+    assert sent == [MAX_TOTAL_TOKENS - estimated.count_tokens(text),
+                    MAX_TOTAL_TOKENS - estimated.count_tokens(logprobs), 7,
+                    40 - exact.count_tokens(text), 40 - exact.count_tokens(chat), 7]
 
 
 async def test_the_window_is_read_once_a_late_upstream_is_up(stub) -> None:

@@ -59,14 +59,15 @@ async def test_parameters_map_to_tgis_names(upstream, stub) -> None:
     await collect(backend, request("a b c", max_tokens=None))
     await backend.close()
     greedy, sampled, unbounded = (r["parameters"] for r in stub.requests)
+    room = 64 - backend.count_tokens(request("a b c"))  # the window less the prompt
     assert greedy == {"max_new_tokens": 4, "details": True, "decoder_input_details": False,
                       "stop": [], "do_sample": False}
     assert sampled == {
-        "max_new_tokens": None, "details": True, "decoder_input_details": False,
+        "max_new_tokens": room, "details": True, "decoder_input_details": False,
         "stop": ["dog"], "do_sample": True, "temperature": 0.7, "top_p": 0.9, "top_k": 5,
         "seed": 11, "repetition_penalty": 1.1, "frequency_penalty": 0.5,
     }
-    assert unbounded["max_new_tokens"] is None  # TGI: the rest of the window
+    assert unbounded["max_new_tokens"] == room  # the room reserved, not TGI's whole window
     assert stub.headers[0]["x-model"] == "served-upstream"
     assert backend.info().max_total_tokens == 64  # read from /info
 
