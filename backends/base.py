@@ -283,7 +283,8 @@ class RequestError(Exception):
     """A client mistake found by the backend (e.g. prompt too long): becomes a 4xx; also a
     refusal that is nobody's mistake (429 overloaded, 503 queue timeout, 504 request timeout).
 
-    Raised by the generate() iterator before its first event, never after.
+    Raised by the generate() iterator before its first event; after it only by an HTTP
+    backend whose upstream's stream ends with an error event that blames the request.
     """
 
     def __init__(

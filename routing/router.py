@@ -7,7 +7,8 @@ deployment (never one it tried; lower priorities once the best one's are spent),
 counts toward the failed deployment's cooldown; a local engine that is full (429
 `overloaded`) also hands the request on, without counting. Once an event has gone to the
 gateway the request is never retried: a failure then ends it. Any other `RequestError` (a
-client mistake, an upstream 4xx) is neither retried nor counted as a failure. With `n > 1`
+client mistake, an upstream 4xx, or an upstream's error event that blames the request, before
+the first event or after it) is neither retried nor counted as a failure. With `n > 1`
 choices the events pass through until every choice has finished; an "error" finish in any
 choice counts as the deployment's failure.
 """

@@ -3,7 +3,9 @@
 Mapping: connect error 502 `upstream_unreachable`, timeout 504 `upstream_timeout`, 5xx 502
 `upstream_error`, 429 429 with its Retry-After, 401/403/404 502 (our deployment is
 misconfigured, not the client's request), any other 4xx a RequestError with the upstream's
-status, message, param and code. The pooled session itself is `backends.remote.client`.
+status, message, param and code. An error event inside a stream is mapped the same way, by
+the status its `code` or type stands for (`stream_error`). The pooled session itself is
+`backends.remote.client`.
 """
 
 from __future__ import annotations
@@ -220,8 +222,31 @@ def malformed(message: str) -> DeploymentError:
                            code="upstream_malformed")
 
 
-def stream_error(data: dict[str, Any]) -> DeploymentError:
-    """An `{"error": ...}` event inside a stream that had started fine."""
-    message = error_fields(json.dumps(data).encode()).get("message")
+# The HTTP status an error event's type stands for: OpenAI's and Switchyard's `type`, vLLM's
+# and SGLang's exception names, TGI's `error_type`. Any other type is the upstream's failure.
+_STATUS_BY_TYPE = {
+    "invalid_request_error": 400, "BadRequestError": 400, "validation": 422,
+    "NotFoundError": 404, "rate_limit_error": 429, "overloaded": 429,
+}
+
+
+def _event_status(data: dict[str, Any]) -> int:
+    """vLLM and SGLang put the HTTP status in `code`; else the type says it."""
+    error = data.get("error")
+    code = error.get("code") if isinstance(error, dict) else None
+    if isinstance(code, int) and not isinstance(code, bool) and 400 <= code <= 599:
+        return code
+    kind = error.get("type") if isinstance(error, dict) else data.get("error_type")
+    return _STATUS_BY_TYPE.get(str(kind), 500)
+
+
+def stream_error(data: dict[str, Any]) -> Exception:
+    """An `{"error": ...}` event in a stream answered 200, read as an answer with the status
+    its type says: a RequestError when the request is at fault (it neither counts towards the
+    deployment's cooldown nor moves to another deployment), else a DeploymentError."""
+    status, raw = _event_status(data), json.dumps(data).encode()
+    if status < 500:
+        return status_error(status, raw, {})
+    message = error_fields(raw).get("message")
     return DeploymentError(f"the upstream failed mid-stream: {message}", status_code=502,
                            code="upstream_error")

@@ -7,7 +7,8 @@ breaks after two pieces), "hang" (nothing is sent), "json" (a non-streamed answe
 "ignore_n" (one choice, whatever `n` asked), "endless_line" (one SSE line that never ends),
 "huge_json" (a JSON answer of HUGE_BYTES), "negative_usage" (usage counts below zero),
 "retry_after:<value>" (a 429 with that Retry-After), "slow_long_prompts" (a prompt of more
-than LONG_PROMPT characters waits 2 s before its answer starts; others are answered). With
+than LONG_PROMPT characters waits 2 s before its answer starts; others are answered),
+"error_event" (`error_frame` in place of piece `error_at`, then the stream ends). With
 `n` > 1, choice k streams PIECES less its
 last k pieces (finish "length" for k > 0, the usage totals them); with logprobs each piece has
 the logprob -0.1 * (k + 1) and the asked number of alternatives, worse ones named `alt<j>`,
@@ -27,6 +28,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 PIECES = ("Hello", ",", " brave", " little", " toaster", "!")
 HUGE_BYTES = 64 * 2**20
+SERVER_ERROR = {"error": {"message": "The server had an error", "type": "server_error",
+                          "param": None, "code": None}}
 LONG_PROMPT = 1000
 
 
@@ -43,6 +46,8 @@ class OpenAIStub:
     models_status: int = 200  # what GET /v1/models answers
     streaming: int = 0  # answers streaming now
     peak: int = 0  # the most streaming at once
+    error_frame: dict[str, Any] = field(default_factory=lambda: dict(SERVER_ERROR))
+    error_at: int = 2
 
 
 def _logprobs(chat: bool, piece: str, k: int, index: int) -> dict[str, Any]:
@@ -99,6 +104,10 @@ async def _stream(stub: OpenAIStub, chat: bool, body: dict[str, Any]) -> AsyncIt
                 await asyncio.sleep(stub.delay_s)
             if stub.mode == "die" and i == 2:
                 raise RuntimeError("the stub dies mid-stream")
+            if stub.mode == "error_event" and i == stub.error_at:
+                yield _sse(stub.error_frame)
+                done = True
+                return
             if stub.mode == "malformed" and i == 1:
                 yield b"data: {oops\n\n"
             if stub.mode == "no_choices" and i == 1:

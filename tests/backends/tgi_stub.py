@@ -10,7 +10,8 @@ sequence stays in TGI's text. The prompt's token count is its number of words.
 whole, with `details.prefill` (one token per prompt word) for `decoder_input_details`.
 
 `StubTGI.mode` scripts failures: "ok", "status:<code>", "malformed", "die" (the socket breaks
-after two tokens), "hang" (nothing is sent), "error_event" (TGI's in-stream error).
+after two tokens), "hang" (nothing is sent), "error_event" (TGI's in-stream error: `error_frame`
+in place of token `error_at`; TGI sends a request's validation errors so, as the first event).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 PIECES = (" The", " quick", " brown", " fox", " jumps", " over", " the", " lazy", " dog", ".",
           " It", " naps")
 EOS = {"id": 2, "text": "</s>", "logprob": -0.5, "special": True}
+GENERATION_ERROR = {"error": "CUDA out of memory", "error_type": "generation"}
 MAX_TOTAL_TOKENS = 64
 LOGPROB = -0.25
 
@@ -57,6 +59,8 @@ class StubTGI:
     headers: list[dict[str, str]] = field(default_factory=list)
     active: int = 0
     cancelled: int = 0
+    error_frame: dict[str, Any] = field(default_factory=lambda: dict(GENERATION_ERROR))
+    error_at: int = 2
 
 
 def top_tokens(tok: dict[str, Any], n: int) -> list[dict[str, Any]]:
@@ -98,8 +102,8 @@ async def _frames(stub: StubTGI, body: dict[str, Any]) -> AsyncIterator[bytes]:
             if stub.mode == "malformed" and i == 1:
                 yield b"data:{not json\n\n"
                 continue
-            if stub.mode == "error_event" and i == 2:
-                yield b'data:{"error":"CUDA out of memory","error_type":"generation"}\n\n'
+            if stub.mode == "error_event" and i == stub.error_at:
+                yield f"data:{json.dumps(stub.error_frame)}\n\n".encode()
                 done = True
                 return
             last = None
