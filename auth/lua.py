@@ -14,6 +14,9 @@ deadlines of leases that still exist.
 A budget hold whose deadline passed (its replica died, or could not settle for a whole
 TTL) is given back to its window's budget by the next script that reads the budget; a
 settlement arriving after that charges the tokens used in full instead of the difference.
+
+The shipped Redis lets the gateway's user run only the commands it calls (docker-compose.yml,
+deploy/k8s/redis.yaml): a command new to a script needs its `+command` there too.
 """
 
 _COMMON = """

@@ -2,7 +2,8 @@
 
 `sy:key:<sha256>` holds a key's JSON record (one GET per request); the hash
 `sy:keys` maps id -> sha256 for the admin side. A lookup always reads Redis, so
-revocation, expiry and disabling take effect on every replica at once.
+revocation, expiry and disabling take effect on every replica at once. Every key is under
+`sy:`, the prefix the shipped Redis's ACL limits the gateway's user to.
 """
 
 from __future__ import annotations

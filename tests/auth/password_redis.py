@@ -1,4 +1,5 @@
-"""A real redis-server that requires a password, started from a given command line.
+"""A real redis-server that requires a password (of the default user, or of a named ACL user),
+started from a given command line.
 
 The deployment tests pass the exact `redis-server ...` command a compose file or manifest
 gives Redis; only the port, bind address and data folder are set here (replaced where the
@@ -21,7 +22,8 @@ from tests.auth.conftest import free_port
 
 
 class PasswordRedis:
-    def __init__(self, folder: Path, command: Sequence[str], password: str) -> None:
+    def __init__(self, folder: Path, command: Sequence[str], password: str,
+                 username: str | None = None) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             pytest.fail("redis-server is not installed; run scripts/setup.sh")
@@ -29,6 +31,7 @@ class PasswordRedis:
             raise ValueError(f"not a redis-server command: {command}")
         self.port = free_port()
         self.password = password
+        self.username = username
         local = {"--port": str(self.port), "--bind": "127.0.0.1", "--dir": str(folder)}
         self.argv = [binary, *_replaced(list(command[1:]), local), "--save", ""]
         self.proc: subprocess.Popen[bytes] | None = None
@@ -47,8 +50,9 @@ class PasswordRedis:
             return replies
 
     def client(self, password: str | None = None) -> redis.Redis:
-        return redis.Redis(port=self.port, password=password, decode_responses=True,
-                           socket_timeout=5)
+        username = self.username if password is not None else None
+        return redis.Redis(port=self.port, username=username, password=password,
+                           decode_responses=True, socket_timeout=5)
 
     def start(self) -> None:
         self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL,

@@ -1,4 +1,5 @@
-"""docker-compose.yml is secure by default: Redis requires a password, images are pinned.
+"""docker-compose.yml is secure by default: Redis requires a password (its one user is the
+gateways'; tests/deploy/test_redis_acl.py checks what that user may do), images are pinned.
 
 Redis's command is taken from `docker-compose config` and run as a real redis-server (only
 port, bind address and data folder set locally): an unauthenticated SET is refused, the
@@ -13,6 +14,7 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import redis
@@ -32,8 +34,9 @@ def services() -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def compose_redis(services: dict[str, Any],
                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[PasswordRedis]:
+    user = urlsplit(services["gateway-1"]["environment"]["SWITCHYARD_REDIS_URL"]).username
     server = PasswordRedis(tmp_path_factory.mktemp("compose-redis"),
-                           services["redis"]["command"], SECRETS["REDIS_PASSWORD"])
+                           services["redis"]["command"], SECRETS["REDIS_PASSWORD"], user)
     server.start()
     yield server
     server.stop()
@@ -54,7 +57,11 @@ def test_the_compose_redis_refuses_an_unauthenticated_set(compose_redis: Passwor
     assert refused.startswith(b"-NOAUTH"), refused
     assert compose_redis.send(("DEL", "sy:budget:x"))[0].startswith(b"-NOAUTH")
     assert compose_redis.send(("AUTH", "guess"), forged)[1].startswith(b"-NOAUTH")
-    assert compose_redis.send(("AUTH", SECRETS["REDIS_PASSWORD"]), forged) == [b"+OK", b"+OK"]
+    # the default user is off, even with the password
+    assert compose_redis.send(("AUTH", SECRETS["REDIS_PASSWORD"]), forged)[1].startswith(
+        b"-NOAUTH")
+    assert compose_redis.send(("AUTH", "switchyard", SECRETS["REDIS_PASSWORD"]), forged) == [
+        b"+OK", b"+OK"]
 
 
 def test_the_gateways_redis_url_authenticates(services: dict[str, Any],

@@ -11,7 +11,7 @@ import yaml
 from tests.deploy.compose import COMPOSE, COMPOSE_CUDA, SECRETS, compose
 from tests.deploy.envoy_proxy import SHIPPED, envoy_binary, render, upstream_names
 
-REDIS_URL = f"redis://:{SECRETS['REDIS_PASSWORD']}@redis:6379/0"
+REDIS_URL = f"redis://switchyard:{SECRETS['REDIS_PASSWORD']}@redis:6379/0"
 
 
 def _validate(config: Path) -> subprocess.CompletedProcess[str]:

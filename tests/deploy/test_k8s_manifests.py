@@ -344,8 +344,8 @@ def test_the_gateway_reaches_redis_through_its_service(
         docs: dict[tuple[str, str], Doc], container: Doc, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     url = _settings(docs, container, monkeypatch).redis_url
-    match = re.fullmatch(r"redis://:([0-9a-f]{64})@([\w.-]+):(\d+)/\d+", url or "")
-    assert match, url  # with the password of the switchyard-redis Secret
+    match = re.fullmatch(r"redis://switchyard:([0-9a-f]{64})@([\w.-]+):(\d+)/\d+", url or "")
+    assert match, url  # as the ACL user, with the password of the switchyard-redis Secret
     svc = docs[("Service", match.group(2))]
     assert int(match.group(3)) in {p["port"] for p in svc["spec"]["ports"]}
 

@@ -15,6 +15,7 @@ import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import redis
@@ -95,8 +96,10 @@ def k8s_redis(objects: dict[tuple[str, str], Doc], secrets: dict[str, dict[str, 
     """redis-server with the StatefulSet's args, as the kubelet expands them."""
     container = _container(objects, "StatefulSet", "switchyard-redis")
     env = _env(objects, container, secrets)
+    gateway_env = _env(objects, _container(objects, "Deployment", "switchyard"), secrets)
     server = PasswordRedis(tmp_path_factory.mktemp("k8s-redis"), expanded_args(container, env),
-                           secrets["switchyard-redis"]["REDIS_PASSWORD"])
+                           secrets["switchyard-redis"]["REDIS_PASSWORD"],
+                           urlsplit(gateway_env["SWITCHYARD_REDIS_URL"]).username)
     server.start()
     yield server
     server.stop()
@@ -107,7 +110,10 @@ def test_redis_refuses_a_client_without_the_password(k8s_redis: PasswordRedis) -
     (refused,) = k8s_redis.send(forged)
     assert refused.startswith(b"-NOAUTH"), refused
     assert k8s_redis.send(("AUTH", "wrong"), forged)[1].startswith(b"-NOAUTH")
-    assert k8s_redis.send(("AUTH", k8s_redis.password), ("PING",)) == [b"+OK", b"+PONG"]
+    # the default user is off, even with the password; the gateway's user gets in
+    assert k8s_redis.send(("AUTH", k8s_redis.password), ("PING",))[1].startswith(b"-NOAUTH")
+    assert k8s_redis.send(("AUTH", "switchyard", k8s_redis.password), ("PING",)) == [
+        b"+OK", b"+PONG"]
 
 
 def test_the_gateway_url_carries_the_password(objects: dict[tuple[str, str], Doc],
