@@ -21,7 +21,10 @@ What "served" means: a request read to its end was served the completion tokens 
 reports, and those are what the gateway bills, exactly (the `kept` key's usage must equal
 their sum). A stream the client left midway is billed what the engine generated before the
 gateway saw the client go: at least the tokens the client read, at most its max_tokens; those
-streams use their own key (`cut`), whose usage is checked against those two bounds. The
+streams use their own key (`cut`), whose usage is checked against those two bounds. Their
+prompts are billed too (as is the prompt of a stream left before its first token, while it
+was prefilled: none here, as a cut stream reads at least one token), but the bounds are on
+completion tokens, which a client can count; a prompt billed adds none. The
 server's own counter (switchyard_generated_tokens_total, generations that finished) must lie
 between the kept key's tokens and both keys' usage together.
 """
