@@ -122,6 +122,9 @@ class Usage:
     # Of the completion tokens, those of a thinking model's reasoning (its think markers
     # included); None for a model that does not reason.
     reasoning_tokens: int | None = None
+    # Of the prompt tokens, those whose K/V came from a prefix cache (the native engine's, or
+    # what an upstream reported); 0 on a miss or where the backend cannot tell.
+    cached_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:

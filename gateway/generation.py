@@ -143,9 +143,10 @@ class Choices:
         finals = [c.usage for c in self.items if c.usage is not None]
         # The contract puts usage on the last event; recount if a backend forgot.
         prompt = finals[0].prompt_tokens if finals else gen.backend.count_tokens(gen.request)
+        cached = finals[0].cached_tokens if finals else 0  # the choices share one prompt
         reasoning = [r for r in (c.reasoning_tokens() for c in self.items) if r is not None]
         return Usage(prompt, sum(c.completion_tokens() for c in self.items),
-                     sum(reasoning) if reasoning else None)
+                     sum(reasoning) if reasoning else None, cached)
 
 
 def as_openai_error(exc: Exception) -> OpenAIError:

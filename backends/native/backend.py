@@ -373,7 +373,7 @@ class NativeBackend:
 
 def _event(output: RequestOutput) -> GenerationEvent:
     usage = Usage(output.prompt_tokens, output.completion_tokens,
-                  output.reasoning_tokens) if output.finished else None
+                  output.reasoning_tokens, output.cached_tokens) if output.finished else None
     return GenerationEvent(
         text=output.text,
         tokens=tuple(output.tokens),

@@ -179,6 +179,8 @@ class LLMEngine:
         for seq in seqs:
             if seq.first_scheduled is None:
                 seq.first_scheduled = now
+                # Before this step runs, the computed tokens are the prefix cache's hits.
+                seq.cached_tokens = seq.num_computed_tokens
                 self.started.append(seq.group_id)
 
     def take_started(self) -> list[str]:
@@ -225,6 +227,7 @@ class LLMEngine:
             for child in seq.unforked:
                 self.scheduler.fork(seq, child)
                 child.first_scheduled = seq.first_scheduled
+                child.cached_tokens = seq.cached_tokens
                 rows.append(row)
                 out.append(child)
             seq.unforked = []

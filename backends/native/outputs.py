@@ -38,6 +38,7 @@ class RequestOutput:
     # reasoning tokens; None for a model that does not reason.
     split: ReasoningSplit | None = None
     reasoning_tokens: int | None = None
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache (once finished)
 
 
 class ChoiceOutputs:
@@ -126,6 +127,7 @@ def request_output(seq: Sequence, text: str, tokens: list[TokenInfo]) -> Request
     if seq.is_finished:
         output.timings = _timings(seq)
         output.seed = seq.seed
+        output.cached_tokens = seq.cached_tokens
         output.reasoning_tokens = None if splitter is None else splitter.reasoning_tokens
     return output
 

@@ -88,11 +88,20 @@ def _usage(data: Any) -> Usage:
     details = data.get("completion_tokens_details")
     reasoning = details.get("reasoning_tokens") if isinstance(details, dict) else None
     # Counts are billed: a negative one from a broken (or hostile) upstream would credit the
-    # key's budget. Clamped at 0; reasoning is part of the completion.
-    completion = max(completion, 0)
+    # key's budget. Clamped at 0; reasoning is part of the completion, cached of the prompt.
+    prompt, completion = max(prompt, 0), max(completion, 0)
     if isinstance(reasoning, int):
         reasoning = min(max(reasoning, 0), completion)
-    return Usage(max(prompt, 0), completion, reasoning if isinstance(reasoning, int) else None)
+    return Usage(prompt, completion, reasoning if isinstance(reasoning, int) else None,
+                 _cached_tokens(data.get("prompt_tokens_details"), prompt))
+
+
+def _cached_tokens(details: Any, prompt: int) -> int:
+    """OpenAI's `prompt_tokens_details.cached_tokens`, within 0..prompt; 0 when absent."""
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    if not isinstance(cached, int) or isinstance(cached, bool):
+        return 0
+    return min(max(cached, 0), prompt)
 
 
 def split_total(total: int, weights: list[int]) -> list[int]:
@@ -227,7 +236,7 @@ class ChunkReader:
         # The reasoning total is not split: choice 0 carries it (the gateway sums them).
         reasoning = self.usage.reasoning_tokens
         return [Usage(self.usage.prompt_tokens, part,
-                      reasoning if i == 0 or reasoning is None else 0)
+                      reasoning if i == 0 or reasoning is None else 0, self.usage.cached_tokens)
                 for i, part in enumerate(parts)]
 
 

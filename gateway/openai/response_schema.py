@@ -20,10 +20,16 @@ class CompletionTokensDetails(BaseModel):
                                               "markers included.")
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = Field(description="Prompt tokens served from the prefix cache (a "
+                                           "multiple of the KV block size; 0 on a miss).")
+
+
 class CompletionUsage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
     completion_tokens_details: CompletionTokensDetails | None = Field(
         None, description="Only for a thinking model.")
 

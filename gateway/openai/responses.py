@@ -29,6 +29,7 @@ def usage_dict(usage: Usage) -> JSON:
     body: JSON = {
         "prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
     }
     if usage.reasoning_tokens is not None:
         body["completion_tokens_details"] = {"reasoning_tokens": usage.reasoning_tokens}

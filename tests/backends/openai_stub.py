@@ -48,6 +48,7 @@ class OpenAIStub:
     peak: int = 0  # the most streaming at once
     error_frame: dict[str, Any] = field(default_factory=lambda: dict(SERVER_ERROR))
     error_at: int = 2
+    cached_tokens: int | None = None  # usage's prompt_tokens_details.cached_tokens, when set
 
 
 def _logprobs(chat: bool, piece: str, k: int, index: int) -> dict[str, Any]:
@@ -119,14 +120,20 @@ async def _stream(stub: OpenAIStub, chat: bool, body: dict[str, Any]) -> AsyncIt
                     yield _sse(_chunk(chat, None, "stop" if k == 0 else "length", k))
         if usage:
             sign = -10**6 if stub.mode == "negative_usage" else 1
-            yield _sse({"id": "c1", "choices": [], "usage": {
+            yield _sse({"id": "c1", "choices": [], "usage": _cached(stub, {
                 "prompt_tokens": 7 * sign, "completion_tokens": sum(lengths) * sign,
-                "total_tokens": (7 + sum(lengths)) * sign}})
+                "total_tokens": (7 + sum(lengths)) * sign})})
         yield _sse("[DONE]")
         done = True
     finally:
         stub.streaming -= 1
         stub.cancelled += 0 if done else 1
+
+
+def _cached(stub: OpenAIStub, usage: dict[str, Any]) -> dict[str, Any]:
+    if stub.cached_tokens is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": stub.cached_tokens}
+    return usage
 
 
 def _error(status: int) -> Response:

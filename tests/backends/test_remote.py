@@ -44,7 +44,7 @@ def upstream() -> Iterator[tuple[str, OpenAIStub]]:
 
 @pytest.fixture
 def stub(upstream: tuple[str, OpenAIStub]) -> OpenAIStub:
-    upstream[1].mode, upstream[1].delay_s = "ok", 0.0
+    upstream[1].mode, upstream[1].delay_s, upstream[1].cached_tokens = "ok", 0.0, None
     upstream[1].requests.clear()
     upstream[1].headers.clear()
     return upstream[1]
@@ -263,6 +263,28 @@ def test_through_a_gateway_errors_reach_the_sdk_in_openai_shape(upstream, stub) 
         with pytest.raises(openai.APIError):
             for _ in client.chat.completions.create(**ask, stream=True):
                 pass
+
+
+def test_the_upstreams_cached_tokens_pass_through_to_the_sdk(upstream, stub) -> None:
+    """OpenAI's prompt_tokens_details.cached_tokens, whole and in the streamed usage chunk;
+    0 where the upstream does not say, and never more than the prompt."""
+    app = create_app(Settings(model_id="unused"), backends={"m": remote(upstream[0])})
+    ask = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+    def cached(client: openai.OpenAI) -> tuple[int, int]:
+        whole = client.chat.completions.create(**ask)
+        *_, last = client.chat.completions.create(
+            **ask, stream=True, stream_options={"include_usage": True})
+        return (whole.usage.prompt_tokens_details.cached_tokens,
+                last.usage.prompt_tokens_details.cached_tokens)
+
+    with running_server(app) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="k", max_retries=0)
+        assert cached(client) == (0, 0)
+        stub.cached_tokens = 5
+        assert cached(client) == (5, 5)
+        stub.cached_tokens = 1000  # more than the 7 prompt tokens: a broken upstream
+        assert cached(client) == (7, 7)
 
 
 def _choices(got: Result, n: int) -> list[list[GenerationEvent]]:

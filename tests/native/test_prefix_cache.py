@@ -47,6 +47,26 @@ def test_prefix_hits_are_identical_to_cold_runs(tiny_model: Callable[[str], Path
     _all_free_or_evictable(warm)
 
 
+def test_each_sequence_reports_its_own_first_hit(tiny_model: Callable[[str], Path]) -> None:
+    """`cached_tokens`: the full blocks found cached when a sequence was first scheduled (0 on
+    a miss); a recompute after preemption finds its own blocks again and does not count."""
+    path = tiny_model("llama_gqa")
+    engine = make_engine(path, block_size=8, compile=False)
+    first, *later = _shared_prefix_prompts(3)
+    (cold,) = engine.generate([first], GREEDY)
+    assert cold.cached_tokens == 0
+    assert [s.cached_tokens for s in engine.generate(later, GREEDY)] == [45 // 8 * 8] * 2
+
+    gen = torch.Generator().manual_seed(5)
+    distinct = [torch.randint(3, 49152, (40,), generator=gen).tolist() for _ in range(6)]
+    tight = make_engine(path, block_size=8, compile=False, max_total_tokens=96,
+                        max_batch_total_tokens=112)
+    seqs = tight.generate(distinct, GREEDY)
+    assert tight.scheduler.num_preemptions > 0
+    assert [s.cached_tokens for s in seqs] == [0] * 6
+    _all_free_or_evictable(tight)
+
+
 def test_hits_within_one_step_and_whole_prompt_repeat(tiny_model: Callable[[str], Path]) -> None:
     """Requests arriving together share blocks keyed in the same step; an identical
     prompt reuses everything but its last token."""

@@ -93,6 +93,9 @@ class Sequence:
     bias_table: TokenTable | None = None
     stop_table: TokenTable | None = None
     first_scheduled: float | None = None  # time.monotonic() of its first step; None: queued
+    # Prompt tokens the prefix cache held when it was first scheduled (usage's cached_tokens;
+    # a recompute after preemption finds its own blocks and does not count).
+    cached_tokens: int = 0
     finished_at: float | None = None  # time.monotonic() when it finished
 
     def __post_init__(self) -> None:
