@@ -193,6 +193,8 @@ class GenerationEvent:
     usage: Usage | None = None
     # Which stop ended the request: "eos_token" or "stop_sequence" (TGI's details), if any.
     stop_reason: str | None = None
+    # The stop string that ended the choice, where the backend knows it (with "stop_sequence").
+    stop_sequence: str | None = None
     timings: RequestTimings | None = None  # on the last event
     seed: int | None = None  # the seed sampling used (TGI's details.seed), on the last event
     index: int = 0  # the choice this event belongs to (0 .. n-1)

@@ -380,6 +380,7 @@ def _event(output: RequestOutput) -> GenerationEvent:
         finish_reason=output.finish_reason if output.finished else None,  # type: ignore[arg-type]
         usage=usage,
         stop_reason=output.stop_reason,
+        stop_sequence=output.stop_sequence,
         timings=output.timings,
         seed=output.seed,
         index=output.index,

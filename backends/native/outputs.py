@@ -39,6 +39,7 @@ class RequestOutput:
     split: ReasoningSplit | None = None
     reasoning_tokens: int | None = None
     cached_tokens: int = 0  # prompt tokens served from the prefix cache (once finished)
+    stop_sequence: str | None = None  # the stop string that ended it
 
 
 class ChoiceOutputs:
@@ -128,6 +129,7 @@ def request_output(seq: Sequence, text: str, tokens: list[TokenInfo]) -> Request
         output.timings = _timings(seq)
         output.seed = seq.seed
         output.cached_tokens = seq.cached_tokens
+        output.stop_sequence = seq.output.stops.matched if seq.output is not None else None
         output.reasoning_tokens = None if splitter is None else splitter.reasoning_tokens
     return output
 

@@ -210,8 +210,10 @@ class ChunkReader:
         for index, (state, usage) in enumerate(zip(states, usages, strict=True)):
             assert state is not None and state.finish is not None
             reason = _FINISH.get(state.finish, "stop")
+            matched = state.stop_reason if isinstance(state.stop_reason, str) else None
             events.append(GenerationEvent(finish_reason=reason, usage=usage, index=index,
-                                          stop_reason=_stop_reason(state, reason, req)))
+                                          stop_reason=_stop_reason(state, reason, req),
+                                          stop_sequence=matched if reason == "stop" else None))
         return events
 
     def _usages(

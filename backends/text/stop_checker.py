@@ -14,14 +14,16 @@ class StopChecker:
         self._stops = tuple(s for s in stops if s)
         self._held = ""
         self.stopped = False
+        self.matched: str | None = None  # the stop string that completed, once one has
 
     def feed(self, delta: str) -> tuple[str, bool]:
         """(text safe to emit now, whether a stop string has completed)."""
         if self.stopped:
             return "", True
         buffer = self._held + delta
-        cut = self._first_stop(buffer)
-        if cut is not None:
+        found = self._first_stop(buffer)
+        if found is not None:
+            cut, self.matched = found
             self.stopped = True
             self._held = ""
             return buffer[:cut], True
@@ -34,13 +36,14 @@ class StopChecker:
         held, self._held = self._held, ""
         return held
 
-    def _first_stop(self, text: str) -> int | None:
-        best: tuple[int, int] | None = None  # (end, start) of the first-completing stop
+    def _first_stop(self, text: str) -> tuple[int, str] | None:
+        """(start, stop string) of the first-completing stop in `text`, if any."""
+        best: tuple[int, int, str] | None = None  # (end, start, stop)
         for stop in self._stops:
             start = text.find(stop)
-            if start >= 0 and (best is None or (start + len(stop), start) < best):
-                best = (start + len(stop), start)
-        return None if best is None else best[1]
+            if start >= 0 and (best is None or (start + len(stop), start) < best[:2]):
+                best = (start + len(stop), start, stop)
+        return None if best is None else (best[1], best[2])
 
     def _partial_stop_length(self, text: str) -> int:
         """Length of the longest suffix of `text` that is a proper prefix of some stop."""

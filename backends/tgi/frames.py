@@ -121,5 +121,6 @@ class FrameReader:
         seed = self.details.get("seed")
         return GenerationEvent(
             text=text, tokens=(token,), finish_reason=reason, usage=usage,
-            stop_reason=stop_reason, seed=seed if isinstance(seed, int) else None,
+            stop_reason=stop_reason, stop_sequence=self.stops.matched,
+            seed=seed if isinstance(seed, int) else None,
         )

@@ -95,6 +95,7 @@ class RequestTracker:
             usage=Usage(self._num_prompt, self.num_generated, reasoning_tokens) if final else None,
             split=None if splitter is None else splitter.release(text),
             stop_reason=stop_reason,
+            stop_sequence=self._stops.matched if final else None,
             timings=self._timings() if final else None,
             seed=self.seed if final else None,
             index=self.index,

@@ -71,6 +71,7 @@ def test_a_stop_sequence_ends_the_answer_before_it(case: Case) -> None:
     assert got.last.finish_reason == "stop"
     if case.knows_stop_reason:
         assert got.last.stop_reason == "stop_sequence"
+        assert got.last.stop_sequence == stop  # which stop (Anthropic's stop_sequence)
     assert_same(got, case.reference(req), case)
 
 

@@ -370,6 +370,30 @@ def test_stop_checker_any_split(text: str, stops: list[str], cuts: list[int]) ->
     assert run_stop_checker(stops, split(text, cuts)) == truncate_at_first_stop(text, stops)
 
 
+def first_stop_string(text: str, stops: Sequence[str]) -> str | None:
+    """Reference: the stop string truncate_at_first_stop cuts at."""
+    for end in range(1, len(text) + 1):
+        done = [s for s in stops if s and text[:end].endswith(s)]
+        if done:
+            return max(done, key=len)
+    return None
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    text=st.text(alphabet="abc!", max_size=24),
+    stops=st.lists(st.text(alphabet="abc!", max_size=4), max_size=3),
+    cuts=st.lists(st.integers(0, 24), max_size=10),
+)
+def test_stop_checker_names_the_stop_that_ended_it(text: str, stops: list[str],
+                                                   cuts: list[int]) -> None:
+    checker = StopChecker(stops)
+    for delta in split(text, cuts):
+        if checker.feed(delta)[1]:
+            break
+    assert checker.matched == first_stop_string(text, stops)
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     text=st.text(alphabet="abc!", max_size=24),
