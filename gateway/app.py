@@ -18,6 +18,7 @@ from auth.factory import build_access
 from backends.base import Backend
 from backends.registry import create_backend
 from gateway.admin.routes import router as admin_router
+from gateway.anthropic.routes import router as messages_router
 from gateway.browser_guard import BrowserGuardMiddleware, BrowserPolicy, listens_on_loopback
 from gateway.drain import Drain, DrainMiddleware
 from gateway.errors import install_error_handlers
@@ -201,6 +202,7 @@ def create_app(
     app.add_middleware(MetricsMiddleware, metrics=state.metrics)
     app.include_router(service_router)
     app.include_router(openai_router)
+    app.include_router(messages_router)
     app.include_router(tokenize_router)
     app.include_router(models_router)
     app.include_router(admin_router)

@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gateway.anthropic.errors import shaped_response
 from gateway.errors import OpenAIError
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -144,7 +145,7 @@ class BrowserGuardMiddleware:
         if refusal is None:
             await self.app(scope, receive, send)
             return
-        response = refusal.response()
+        response = shaped_response(scope["path"], refusal) or refusal.response()
         await send({"type": "http.response.start", "status": response.status_code,
                     "headers": response.raw_headers})
         await send({"type": "http.response.body", "body": response.body})

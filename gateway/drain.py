@@ -32,6 +32,7 @@ import uvicorn
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gateway.anthropic.errors import shaped_response
 from gateway.errors import RETRY_AFTER_S, OpenAIError, tgi_error_response
 from gateway.log_format import log_config
 from gateway.settings import Settings
@@ -86,7 +87,9 @@ class DrainMiddleware:
             return
         if self.drain.draining:
             err = shutting_down()
-            response = tgi_error_response(err) if scope["path"] in TGI_PATHS else err.response()
+            path = scope["path"]
+            response = tgi_error_response(err) if path in TGI_PATHS else (
+                shaped_response(path, err) or err.response())
             await response(scope, receive, send)
             return
         # Cancelled at --shutdown-timeout; what the request holds is released under shields.

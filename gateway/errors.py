@@ -72,6 +72,12 @@ class _AsciiJSONResponse(JSONResponse):
         return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode("ascii")
 
 
+def answer_json(body: dict[str, Any], status_code: int,
+                headers: dict[str, str] | None = None) -> JSONResponse:
+    """An error body of any API's shape, ASCII-escaped like OpenAI's."""
+    return _AsciiJSONResponse(body, status_code=status_code, headers=headers)
+
+
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> OpenAIError:
     return OpenAIError(400, message, param=param, code=code)
 

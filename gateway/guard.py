@@ -54,8 +54,12 @@ PRINCIPAL_KEY = "switchyard.principal"
 
 async def require_key(request: Request) -> Principal:
     """The caller of this request (401 without a valid key; open mode lets everyone in)."""
+    return await authenticate(request, bearer_token(request.headers.get("authorization")))
+
+
+async def authenticate(request: Request, token: str | None) -> Principal:
+    """The caller presenting `token` (however the route's API sends it), noted on the request."""
     state = gateway_state(request)
-    token = bearer_token(request.headers.get("authorization"))
     principal = await state.access.authenticate(token)
     request.scope[PRINCIPAL_KEY] = principal
     set_key_label(request.scope, "admin" if principal.admin else principal.key_id)

@@ -23,6 +23,7 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from backends.base import Backend, BackendUnavailable, GenerationRequest, RequestError
+from gateway.anthropic.errors import shaped_response
 from gateway.errors import OpenAIError, bad_request
 from gateway.settings import RequestLimits
 from gateway.tgi.requests import TGIValidationError
@@ -65,7 +66,7 @@ class BodyLimitMiddleware:
             return
         declared = _declared_length(scope)
         if declared is not None and declared > self.max_bytes:
-            await _answer(send, BodyTooLarge(self.max_bytes))
+            await _answer(send, BodyTooLarge(self.max_bytes), scope["path"])
             return
         await _Counted(self.app, self.max_bytes).run(scope, receive, send)
 
@@ -95,18 +96,18 @@ class _Counted:
                 await send(message)
             elif not self.answered:  # the route's own answer to the failed read: ours instead
                 self.answered = True
-                await _answer(send, BodyTooLarge(self.max_bytes))
+                await _answer(send, BodyTooLarge(self.max_bytes), scope["path"])
 
         try:
             await self.app(scope, counted_receive, replacing_send)
         except BodyTooLarge:
             if not self.answered:
                 self.answered = True
-                await _answer(send, BodyTooLarge(self.max_bytes))
+                await _answer(send, BodyTooLarge(self.max_bytes), scope["path"])
 
 
-async def _answer(send: Send, err: OpenAIError) -> None:
-    response = err.response()
+async def _answer(send: Send, err: OpenAIError, path: str) -> None:
+    response = shaped_response(path, err) or err.response()
     await send({"type": "http.response.start", "status": response.status_code,
                 "headers": response.raw_headers})
     await send({"type": "http.response.body", "body": response.body})

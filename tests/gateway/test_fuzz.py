@@ -4,7 +4,7 @@ A real uvicorn server serving the echo backend, with API keys off, and on (a rea
 with the admin key or an ordinary key. Each operation gets a bounded, derandomized run of
 valid and invalid requests (Hypothesis). Every answer must be: no 5xx, in time, a declared
 status and content type, a body matching the declared schema, and every 4xx in the route's
-error shape (OpenAI's, or TGI's on TGI's routes).
+error shape (OpenAI's, TGI's on TGI's routes, Anthropic's on the Messages routes).
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+from gateway.anthropic.errors import MESSAGES_PATHS
+from gateway.anthropic.schema import AnthropicErrorResponse
 from gateway.app import create_app
 from gateway.openapi import ErrorResponse, TGIErrorResponse
 from gateway.settings import Settings
@@ -114,6 +116,8 @@ def _error_shape(path: str, response: httpx.Response | Any) -> None:
         return
     tgi = path in TGI_ROUTES and response.status_code != 413  # the body limit's is OpenAI's
     shape = TGIErrorResponse if tgi else ErrorResponse
+    if path in MESSAGES_PATHS:
+        shape = AnthropicErrorResponse
     shape.model_validate(response.json())
 
 
@@ -151,7 +155,9 @@ HOSTILE = ["NaN", "-Infinity", "1e999", str(10**40), str(-(10**40)), '"\\ud800"'
 BASES = {"/v1/chat/completions": {"messages": [{"role": "user", "content": "hi"}]},
          "/v1/completions": {"prompt": "hi"}, "/tokenize": {"prompt": "hi"},
          "/detokenize": {"tokens": [1]}, "/generate": {"inputs": "hi"},
-         "/generate_stream": {"inputs": "hi"}, "/": {"inputs": "hi"}}
+         "/generate_stream": {"inputs": "hi"}, "/": {"inputs": "hi"},
+         "/v1/messages": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+         "/v1/messages/count_tokens": {"messages": [{"role": "user", "content": "hi"}]}}
 
 
 def _fields(document: dict[str, Any], schema: dict[str, Any]) -> Iterator[tuple[str, ...]]:
