@@ -154,6 +154,8 @@ SERVER = Group("server and auth", (
          metavar="SECONDS"),
     Flag("auth_fail_open_ttl", "how recently --auth-fail-open needs a key validated", "300",
          metavar="SECONDS"),
+    Flag("responses_ttl", "seconds a stored /v1/responses answer is kept (in Redis with "
+         "--redis-url, else under --cache-dir)", "2592000", metavar="SECONDS"),
     Flag("cors_allow_origins", "comma-separated web origins (https://app.example) allowed to "
          "call from a browser: CORS for them; without keys, other pages' requests are refused",
          Note("none: the gateway's own origin alone"), metavar="ORIGINS"),

@@ -133,6 +133,8 @@ class Settings(BaseSettings):
     auth_lease_ttl: float = Field(LEASE_TTL_S, gt=0)  # seconds a crashed replica holds a slot
     auth_fail_open_ttl: float = Field(FAIL_OPEN_TTL_S, gt=0)  # failing open: keys this recent
     metrics_auth: Literal["open", "key", "admin"] = "open"
+    # Seconds a stored /v1/responses answer is kept (in Redis with redis_url, else on disk).
+    responses_ttl: float = Field(30 * 24 * 3600.0, gt=0)
 
     # Request limits (gateway/limits.py) and graceful shutdown (gateway/drain.py).
     max_request_body_bytes: PositiveInt = _LIMITS.max_body_bytes  # TGI: --payload-limit
