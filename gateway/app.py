@@ -33,6 +33,9 @@ from gateway.openai.tokenize_routes import router as tokenize_router
 from gateway.openapi import install_openapi
 from gateway.playground import router as playground_router
 from gateway.response_headers import ResponseHeadersMiddleware
+from gateway.responses_api.routes import router as responses_router
+from gateway.responses_api.stores import STATE_ATTR as RESPONSES_STORE
+from gateway.responses_api.stores import open_store
 from gateway.service_routes import router as service_router
 from gateway.settings import Settings
 from gateway.state import GatewayState
@@ -163,6 +166,7 @@ def create_app(
         access=access or build_access(settings.auth_config()),
     )
     checker = HealthChecker(registry.deployments, registry.policy)
+    responses = open_store(settings)  # opens or connects on first use
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -181,11 +185,13 @@ def create_app(
                 finally:
                     await close_backends(started)
         finally:
+            await responses.close()
             await state.access.close()
 
     app = FastAPI(title="Switchyard", version="0.1.0", lifespan=lifespan)
     app.state.gateway = state
     app.state.health_checker = checker
+    setattr(app.state, RESPONSES_STORE, responses)
     install_error_handlers(app)
     app.add_exception_handler(ClientDisconnected, _client_disconnected)
     app.state.drain = Drain()
@@ -203,6 +209,7 @@ def create_app(
     app.include_router(service_router)
     app.include_router(openai_router)
     app.include_router(messages_router)
+    app.include_router(responses_router)
     app.include_router(tokenize_router)
     app.include_router(models_router)
     app.include_router(admin_router)

@@ -20,8 +20,8 @@ from routing.router import served_by
 LABELS_KEY = "switchyard.labels"
 CLIENT_CLOSED = 499  # nginx's "client closed request", for metrics only
 GENERATION_ROUTES = frozenset({
-    "/v1/chat/completions", "/v1/completions", "/generate", "/generate_stream", "/",
-    "/v1/messages",
+    "/v1/chat/completions", "/v1/completions", "/v1/responses", "/generate", "/generate_stream",
+    "/", "/v1/messages",
 })
 
 

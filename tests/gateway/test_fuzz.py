@@ -71,8 +71,9 @@ def _serve(settings: Settings) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def open_url() -> Iterator[str]:
-    yield from _serve(Settings())
+def open_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    # Stored responses go to the cache directory: a temporary one.
+    yield from _serve(Settings(cache_dir=str(tmp_path_factory.mktemp("cache"))))
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +154,8 @@ def test_fuzz(target: Target, label: str) -> None:
 HOSTILE = ["NaN", "-Infinity", "1e999", str(10**40), str(-(10**40)), '"\\ud800"',
            '["\\udc00"]', '{"\\ud800": 1}', "[[[[[[[[[[]]]]]]]]]]", '""', "-1", "0"]
 BASES = {"/v1/chat/completions": {"messages": [{"role": "user", "content": "hi"}]},
-         "/v1/completions": {"prompt": "hi"}, "/tokenize": {"prompt": "hi"},
+         "/v1/completions": {"prompt": "hi"}, "/v1/responses": {"input": "hi"},
+         "/tokenize": {"prompt": "hi"},
          "/detokenize": {"tokens": [1]}, "/generate": {"inputs": "hi"},
          "/generate_stream": {"inputs": "hi"}, "/": {"inputs": "hi"},
          "/v1/messages": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
