@@ -6,15 +6,19 @@ the chat route's for the same conversation, the reference path the translation t
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import jsonschema
 import openai
 import pytest
 
+from gateway.app import create_app
 from gateway.settings import Settings
+from tests.gateway.conftest import running_server
 from tests.responses.conftest import MODEL, Serve, sdk
 
 INSTRUCTIONS = "You describe cities."
@@ -286,3 +290,29 @@ def test_the_store_file_is_under_the_cache_directory(client: openai.OpenAI,
                                                      ) -> None:
     folders = list(Path(tmp_path_factory.getbasetemp()).glob("cache*/responses.sqlite3"))
     assert folders, "no responses.sqlite3 under the cache directory"
+
+
+# -- a remote deployment ----------------------------------------------------------------------
+
+
+def test_a_remote_deployment_gets_the_chat_completion_it_amounts_to(
+        serve: Serve, model_dir: Path, tmp_path: Path) -> None:
+    with serve(Settings(model_id="unused", cache_dir=str(tmp_path / "upstream"))) as upstream:
+        config = tmp_path / "models.yaml"
+        config.write_text(
+            f"models:\n  - name: {MODEL}\n    deployments:\n"
+            f"      - {{backend: remote, name: up, base_url: '{upstream}/v1', model: {MODEL}, "
+            f"tokenizer: '{model_dir}', max_total_tokens: 512}}\n")
+        settings = Settings(config_file=config, cache_dir=str(tmp_path / "front"))
+        with running_server(create_app(settings), timeout_s=60) as front:
+            kwargs: dict[str, Any] = {"instructions": INSTRUCTIONS, "input": QUESTION,
+                                      "max_output_tokens": 8}
+            remote = _create(sdk(front), **kwargs)
+            local = _create(sdk(upstream), **kwargs)
+            streamed = _events(sdk(front), **kwargs)
+        metrics = httpx.get(f"{upstream}/metrics", timeout=10).text
+    assert remote.output_text == local.output_text == _final(streamed).output_text
+    assert remote.status == "incomplete" and remote.usage.output_tokens == 8
+    chats = re.findall(r'switchyard_requests_total\{model="[^"]*",route="/v1/chat/completions"'
+                       r',status="200"\} ([\d.]+)', metrics)
+    assert chats == ["2.0"], metrics  # the front's two requests, as chat completions
