@@ -31,11 +31,14 @@ from gateway.responses_api.request import ResponsesRequest
 from gateway.settings import RequestLimits
 
 JSON = dict[str, Any]
-# Chat request fields, as they appear in params and messages -> the Responses field.
+# Chat request fields, as errors name them -> the Responses field they came from. A message
+# is named by its index (`messages[2].content`) or quoted ('messages'); prose about chat
+# messages stays as it is.
 _RENAMES = (
-    (re.compile(r"\bmessages(\[\d+\])?(\.[\w.\[\]]+)?"), "input"),
+    (re.compile(r"(?<![\w-])messages\[\d+\](\.[\w.\[\]]+)?|^messages$"), "input"),
+    (re.compile(r"'messages'"), "'input'"),
     (re.compile(r"\btools(\[\d+\])\.function\b"), r"tools\1"),
-    (re.compile(r"\bmax_completion_tokens\b"), "max_output_tokens"),
+    (re.compile(r"\bmax_(completion_)?tokens\b"), "max_output_tokens"),
     (re.compile(r"\bresponse_format(\.json_schema)?"), "text.format"),
 )
 

@@ -270,6 +270,9 @@ def test_store_false_keeps_nothing(client: openai.OpenAI) -> None:
     ({"input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
     ({"input": "hi", "background": True}, "background"),
     ({}, "input"),
+    # Refused by the engine, which names the chat request's fields: renamed.
+    ({"input": "word " * 600}, "input"),
+    ({"input": "hi", "max_output_tokens": 600}, "max_output_tokens"),
 ])
 def test_bad_input_is_a_400_naming_the_field(client: openai.OpenAI, extra: dict[str, Any],
                                              param: str) -> None:
