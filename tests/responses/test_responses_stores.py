@@ -1,6 +1,7 @@
-"""The SQLite store's bounds on a real database file: records expire after the TTL, the
-oldest go past the size cap, a record over MAX_RECORD_BYTES or a store that cannot be written
-is not kept (the answer then says `store: false`), and another owner's record is a 404."""
+"""The stores' bounds: on a real SQLite file, records expire after the TTL, the oldest go past
+the size cap, a record over MAX_RECORD_BYTES or a store that cannot be written is not kept
+(the answer then says `store: false`), and another owner's record is a 404; a Redis that
+cannot be reached is a 503 for reads and keeps nothing."""
 
 from __future__ import annotations
 
@@ -10,9 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from auth.redis_conn import connect
 from gateway.errors import OpenAIError
 from gateway.responses_api.disk_store import FILE_NAME, DiskResponseStore
+from gateway.responses_api.redis_store import RedisResponseStore
 from gateway.responses_api.store import MAX_RECORD_BYTES, StoredResponse, keep, owned
+from tests.auth.conftest import free_port
 
 
 def _record(number: int, text: str = "x", owner: str = "key:a") -> StoredResponse:
@@ -68,4 +72,15 @@ def test_another_owners_record_is_a_404(tmp_path: Path) -> None:
             with pytest.raises(OpenAIError) as caught:
                 await owned(store, owner, "resp_1")
             assert caught.value.status_code == 404
+    asyncio.run(run())
+
+
+def test_an_unreachable_redis_is_a_503_and_answers_are_not_kept() -> None:
+    async def run() -> None:
+        store = RedisResponseStore(connect(f"redis://127.0.0.1:{free_port()}/0"), ttl_s=60)
+        assert not await keep(store, _record(1))
+        with pytest.raises(OpenAIError) as caught:
+            await owned(store, "key:a", "resp_1")
+        assert caught.value.status_code == 503 and caught.value.code == "store_unavailable"
+        await store.close()
     asyncio.run(run())
