@@ -124,11 +124,12 @@ def has_avx2() -> bool:
 
 
 def run_in_child(
-    module: str, capability: str, *args: str, timeout: float = 300, cpu_kernels: str = "auto",
+    module: str, capability: str, *args: str, timeout: float = 900, cpu_kernels: str = "auto",
 ) -> str:
     """`python -m module args` with torch dispatching to `capability` (and oneDNN limited to
     AVX2 when it is avx2) and SWITCHYARD_CPU_KERNELS=`cpu_kernels`; its stdout, or the test fails
-    with its output."""
+    with its output. The first child of a capability builds its kernel library (minutes on a
+    busy 2-core machine), hence the long timeout."""
     env = {**os.environ, "ATEN_CPU_CAPABILITY": capability, "OMP_NUM_THREADS": "1",
            "SWITCHYARD_CPU_KERNELS": cpu_kernels}
     if capability == "avx2":
