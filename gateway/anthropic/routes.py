@@ -35,10 +35,9 @@ from gateway.limits import cap_output
 from gateway.middleware import set_model_label
 from gateway.openai.requests import ChatCompletionRequest
 from gateway.openai.responses import ChatFormatter, ResponseOptions, chat_meta
-from gateway.openai.routes import resolve_model
-from gateway.openai.sampling import chat_request, new_request_id, tool_plan, uses_tools
+from gateway.openai.routes import chat_generation, resolve_model
+from gateway.openai.sampling import new_request_id
 from gateway.openapi import GENERATION_ERRORS, Answer, documented
-from gateway.sampling_defaults import effective, model_info
 from gateway.sse import SSEResponse
 from gateway.state import gateway_state
 from routing.registry import ModelEntry
@@ -73,14 +72,9 @@ async def _prepared(request: Request, chat: ChatCompletionRequest,
     chat.check()
     entry = resolve_model(gateway_state(request), request, chat.model)
     set_model_label(request.scope, entry.name)
-    info = await model_info(entry)  # None while loading: no template, configured defaults
-    plan = None
-    if uses_tools(chat):
-        plan = tool_plan(chat, info.chat_template if info is not None else None,
-                         entry.tool_call_parser)
+    plan, gen_request = await chat_generation(entry, chat, new_request_id())
     options = ResponseOptions(include_reasoning=chat.include_reasoning)
     formatter = ChatFormatter(chat_meta(entry.name), options, plan)
-    gen_request = chat_request(chat, new_request_id(), plan, effective(entry, info))
     return entry, formatter, named_for_messages(gen_request)
 
 

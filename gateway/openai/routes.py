@@ -46,6 +46,7 @@ from gateway.openai.sampling import (
     tool_plan,
     uses_tools,
 )
+from gateway.openai.tools import ToolPlan
 from gateway.openapi import GENERATION_ERRORS, Answer, documented
 from gateway.sampling_defaults import effective, model_info
 from gateway.sse import SSEResponse
@@ -67,6 +68,18 @@ def resolve_model(state: GatewayState, request: Request, body_model: str | None)
                               "missing_required_parameter")
         return sole
     return state.models.resolve(name)
+
+
+async def chat_generation(entry: ModelEntry, chat: ChatCompletionRequest, request_id: str,
+                          ) -> tuple[ToolPlan | None, GenerationRequest]:
+    """A chat body's tool plan (from the model's template) and its generation request, with
+    the model's sampling defaults: what every API translated onto chat runs."""
+    info = await model_info(entry)  # None while loading: no template, configured defaults
+    plan = None
+    if uses_tools(chat):
+        template = info.chat_template if info is not None else None
+        plan = tool_plan(chat, template, entry.tool_call_parser)
+    return plan, chat_request(chat, request_id, plan, effective(entry, info))
 
 
 async def _prepare(request: Request, schema: type[Body]) -> tuple[GatewayState, Body, ModelEntry]:
@@ -119,15 +132,10 @@ _COMPLETION_DOCS = documented(
 @router.post("/v1/chat/completions", response_model=None, **_CHAT_DOCS)
 async def chat_completions(request: Request) -> Response:
     state, body, entry = await _prepare(request, ChatCompletionRequest)
-    info = await model_info(entry)  # None while loading: no template, configured defaults
-    plan = None
-    if uses_tools(body):
-        template = info.chat_template if info is not None else None
-        plan = tool_plan(body, template, entry.tool_call_parser)
+    plan, gen_request = await chat_generation(entry, body, new_request_id())
     options = ResponseOptions(body.choices(), bool(body.logprobs), body.top_logprobs_count(),
                               body.include_usage(), body.include_reasoning)
     formatter = ChatFormatter(chat_meta(entry.name), options, plan)
-    gen_request = chat_request(body, new_request_id(), plan, effective(entry, info))
     return await _respond(request, state, entry, gen_request, formatter, streamed=bool(body.stream))
 
 

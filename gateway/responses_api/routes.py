@@ -22,8 +22,7 @@ from gateway.generation import unless_disconnected
 from gateway.guard import GUARD, PromptTokens, admit, open_admitted, principal_of
 from gateway.limits import cap_output
 from gateway.middleware import set_model_label
-from gateway.openai.routes import resolve_model
-from gateway.openai.sampling import chat_request, tool_plan, uses_tools
+from gateway.openai.routes import chat_generation, resolve_model
 from gateway.openai.tools import ToolPlan
 from gateway.openapi import COMMON_ERRORS, GENERATION_ERRORS, Answer, documented
 from gateway.responses_api import schema
@@ -42,7 +41,6 @@ from gateway.responses_api.store import (
 )
 from gateway.responses_api.stores import responses_store
 from gateway.responses_api.translate import chat_body, responses_errors
-from gateway.sampling_defaults import effective, model_info
 from gateway.settings import RequestLimits
 from gateway.sse import SSEResponse
 from gateway.state import gateway_state
@@ -101,13 +99,8 @@ async def _prepare(request: Request) -> Prepared:
     chat = chat_body(body, items, limits)
     entry = resolve_model(state, request, body.model)
     set_model_label(request.scope, entry.name)
-    info = await model_info(entry)  # None while loading: no template, configured defaults
-    plan = None
-    if uses_tools(chat):
-        plan = tool_plan(chat, info.chat_template if info is not None else None,
-                         entry.tool_call_parser)
     response_id = new_id("resp")  # the generation's id too (the access line's)
-    gen_request = chat_request(chat, response_id, plan, effective(entry, info))
+    plan, gen_request = await chat_generation(entry, chat, response_id)
     head = ResponseHead.of(response_id, body, entry.name, gen_request.sampling)
     return Prepared(body, entry, owner, items, plan, gen_request, head)
 
