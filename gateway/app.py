@@ -21,6 +21,7 @@ from gateway.admin.routes import router as admin_router
 from gateway.anthropic.routes import router as messages_router
 from gateway.browser_guard import BrowserGuardMiddleware, BrowserPolicy, listens_on_loopback
 from gateway.drain import Drain, DrainMiddleware
+from gateway.error_shapes import shaped_response
 from gateway.errors import install_error_handlers
 from gateway.generation import ClientDisconnected
 from gateway.limits import BodyLimitMiddleware
@@ -192,7 +193,7 @@ def create_app(
     app.state.gateway = state
     app.state.health_checker = checker
     setattr(app.state, RESPONSES_STORE, responses)
-    install_error_handlers(app)
+    install_error_handlers(app, shaped_response)
     app.add_exception_handler(ClientDisconnected, _client_disconnected)
     app.state.drain = Drain()
     app.add_middleware(ResponseHeadersMiddleware)

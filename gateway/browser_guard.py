@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.anthropic.errors import shaped_response
+from gateway.error_shapes import shaped_response
 from gateway.errors import OpenAIError
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})

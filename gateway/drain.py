@@ -32,7 +32,7 @@ import uvicorn
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.anthropic.errors import shaped_response
+from gateway.error_shapes import shaped_response
 from gateway.errors import RETRY_AFTER_S, OpenAIError, tgi_error_response
 from gateway.log_format import log_config
 from gateway.settings import Settings

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -222,28 +222,32 @@ def tgi_error_body(err: OpenAIError) -> dict[str, Any]:
     return {"error": err.message, "error_type": _tgi_status_and_type(err)[1]}
 
 
-def answer(request: Request, err: OpenAIError) -> JSONResponse:
-    """`err` in OpenAI's shape, noting why the request failed for the metrics."""
+# An API's own answer for an error on a path (gateway/error_shapes.py); None: OpenAI's.
+PathShape = Callable[[str, OpenAIError], JSONResponse | None]
+
+
+def answer(request: Request, err: OpenAIError, shape: PathShape | None = None) -> JSONResponse:
+    """`err` in the path's API's shape (OpenAI's by default), noting why the request failed
+    for the metrics."""
     set_failure_label(request.scope, err.failure_kind())
-    return err.response()
+    shaped = shape(request.url.path, err) if shape is not None else None
+    return shaped or err.response()
 
 
-def install_error_handlers(app: FastAPI) -> None:
+def install_error_handlers(app: FastAPI, shape: PathShape | None = None) -> None:
+    async def known(request: Request, exc: Exception) -> JSONResponse:
+        err = to_openai_error(exc)
+        assert err is not None
+        return answer(request, err, shape)
+
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # A server bug, never a client mistake: client input is validated before this point.
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return answer(request, internal_error(), shape)
+
     for exc_type in (
         OpenAIError, RequestValidationError, ValidationError, StarletteHTTPException,
         ModelNotFound, RequestError, BackendUnavailable, DeploymentError, AccessDenied,
     ):
-        app.add_exception_handler(exc_type, _known)
-    app.add_exception_handler(Exception, _unexpected)
-
-
-async def _known(request: Request, exc: Exception) -> JSONResponse:
-    err = to_openai_error(exc)
-    assert err is not None
-    return answer(request, err)
-
-
-async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-    # A server bug, never a client mistake: client input is validated before this point.
-    log.exception("unhandled error on %s %s", request.method, request.url.path)
-    return answer(request, internal_error())
+        app.add_exception_handler(exc_type, known)
+    app.add_exception_handler(Exception, unexpected)

@@ -23,7 +23,7 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from backends.base import Backend, BackendUnavailable, GenerationRequest, RequestError
-from gateway.anthropic.errors import shaped_response
+from gateway.error_shapes import shaped_response
 from gateway.errors import OpenAIError, bad_request
 from gateway.settings import RequestLimits
 from gateway.tgi.requests import TGIValidationError

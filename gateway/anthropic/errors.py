@@ -1,6 +1,7 @@
 """Anthropic's error shape `{"type": "error", "error": {"type", "message"}}` on the Messages
 routes, for every failure: auth (raised by the route's dependency), validation, admission,
-the backend's refusals, and the middlewares' answers (body limit, browser guard, draining).
+the backend's refusals, and the middlewares' answers (body limit, browser guard, draining),
+as gateway/error_shapes.py tells the app's handlers and the middlewares.
 
 The gateway's errors (`OpenAIError`) keep their status; the type follows Anthropic's names
 for it, so its SDK raises the matching exception class.
@@ -8,20 +9,12 @@ for it, so its SDK raises the matching exception class.
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable, Coroutine
 from typing import Any
 
-from fastapi import Request
-from fastapi.responses import JSONResponse, Response
-from fastapi.routing import APIRoute
+from fastapi.responses import JSONResponse
 
-from gateway.errors import OpenAIError, answer_json, internal_error, to_openai_error
-from gateway.generation import ClientDisconnected
-from gateway.middleware import set_failure_label
+from gateway.errors import OpenAIError, answer_json
 
-log = logging.getLogger("switchyard.gateway")
-Handler = Callable[[Request], Coroutine[Any, Any, Response]]
 MESSAGES_PATHS = frozenset({"/v1/messages", "/v1/messages/count_tokens"})
 
 _TYPE_BY_STATUS = {
@@ -48,30 +41,3 @@ def error_body(err: OpenAIError) -> dict[str, Any]:
 def error_response(err: OpenAIError) -> JSONResponse:
     return answer_json(error_body(err), err.status_code, err.headers)
 
-
-def shaped_response(path: str, err: OpenAIError) -> JSONResponse | None:
-    """Anthropic's answer for `err` on the Messages routes; None on any other path."""
-    return error_response(err) if path in MESSAGES_PATHS else None
-
-
-class MessagesRoute(APIRoute):
-    """Errors raised anywhere in the route (its auth dependency included) answer in
-    Anthropic's shape."""
-
-    def get_route_handler(self) -> Handler:
-        handler = super().get_route_handler()
-
-        async def messages_handler(request: Request) -> Response:
-            try:
-                return await handler(request)
-            except ClientDisconnected:
-                raise
-            except Exception as exc:
-                err = to_openai_error(exc)
-                if err is None:
-                    log.exception("unhandled error on %s %s", request.method, request.url.path)
-                    err = internal_error()
-                set_failure_label(request.scope, err.failure_kind())
-                return error_response(err)
-
-        return messages_handler

@@ -17,30 +17,23 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
 from auth.access import Principal, bearer_token
-from backends.base import GenerationRequest
 from gateway.anthropic import schema
-from gateway.anthropic.errors import MessagesRoute
 from gateway.anthropic.stream import BlockStream, ending_of, message_stream
 from gateway.anthropic.translate import (
     chat_body,
     check_fields,
     conversation_body,
     message_body,
-    named_for_messages,
 )
 from gateway.body import parse_body, read_json
 from gateway.generation import gather_choices, unless_disconnected
-from gateway.guard import NoPrompt, PromptTokens, admit, authenticate, open_admitted
-from gateway.limits import cap_output
-from gateway.middleware import set_model_label
+from gateway.guard import NoPrompt, admit, authenticate, open_admitted
 from gateway.openai.requests import ChatCompletionRequest
-from gateway.openai.responses import ChatFormatter, ResponseOptions, chat_meta
-from gateway.openai.routes import chat_generation, resolve_model
-from gateway.openai.sampling import new_request_id
+from gateway.openai.routes import resolve_model
 from gateway.openapi import GENERATION_ERRORS, Answer, documented
 from gateway.sse import SSEResponse
 from gateway.state import gateway_state
-from routing.registry import ModelEntry
+from gateway.translated_chat import PreparedChat, admitted, prepare_chat
 
 
 async def require_messages_key(request: Request) -> Principal:
@@ -50,7 +43,7 @@ async def require_messages_key(request: Request) -> Principal:
                               api_key or bearer_token(request.headers.get("authorization")))
 
 
-router = APIRouter(route_class=MessagesRoute, dependencies=[Depends(require_messages_key)])
+router = APIRouter(dependencies=[Depends(require_messages_key)])
 _DESCRIPTION = ("Anthropic's Messages API. The key may come as `x-api-key` or `Authorization: "
                 "Bearer`; `anthropic-version` is accepted. Errors answer in Anthropic's shape.")
 _MESSAGES_DOCS = documented(
@@ -66,16 +59,10 @@ _COUNT_DOCS = documented(
     model_header=True)
 
 
-async def _prepared(request: Request, chat: ChatCompletionRequest,
-                    ) -> tuple[ModelEntry, ChatFormatter, GenerationRequest]:
-    """The chat route's preparation: model, tool plan, formatter, generation request."""
+async def _prepared(request: Request, chat: ChatCompletionRequest) -> PreparedChat:
     chat.check()
     entry = resolve_model(gateway_state(request), request, chat.model)
-    set_model_label(request.scope, entry.name)
-    plan, gen_request = await chat_generation(entry, chat, new_request_id())
-    options = ResponseOptions(include_reasoning=chat.include_reasoning)
-    formatter = ChatFormatter(chat_meta(entry.name), options, plan)
-    return entry, formatter, named_for_messages(gen_request)
+    return await prepare_chat(request, chat, entry, "output_config.format")
 
 
 @router.post("/v1/messages", response_model=None, description=_DESCRIPTION, **_MESSAGES_DOCS)
@@ -85,22 +72,21 @@ async def messages(request: Request) -> Response:
     check_fields(data, state.settings.request_limits())
     body = parse_body(data, schema.AnthropicMessagesRequest)
     chat = parse_body(chat_body(body), ChatCompletionRequest)
-    entry, formatter, gen_request = await _prepared(request, chat)
-    backend, cap = entry.router, state.settings.max_output_tokens
+    prepared = await _prepared(request, chat)
+    entry, formatter, backend = prepared.entry, prepared.formatter, prepared.entry.router
     trace = state.metrics.trace(entry.name)
-    admitted = await admit(request, entry.name, PromptTokens(backend, gen_request, cap))
-    async with admitted.unless_failing():
-        gen_request = await cap_output(backend, gen_request, cap, admitted.prompt.count)
-        input_tokens = await admitted.prompt.count() if body.stream else 0
+    admission, gen_request = await admitted(request, entry, prepared.request)
+    async with admission.unless_failing():
+        input_tokens = await admission.prompt.count() if body.stream else 0
     message_id = f"msg_{uuid.uuid4().hex}"
     if body.stream:
-        opening = open_admitted(request, admitted, backend, gen_request, trace)
+        opening = open_admitted(request, admission, backend, gen_request, trace)
         gen = await unless_disconnected(request.receive, opening)
         blocks = BlockStream(message_id, entry.name, body.stop_sequences)
         return SSEResponse(message_stream(gen, formatter, blocks, input_tokens))
 
     async def whole() -> dict[str, object]:
-        gen = await open_admitted(request, admitted, backend, gen_request, trace)
+        gen = await open_admitted(request, admission, backend, gen_request, trace)
         got, usage = await gather_choices(gen)
         answer = formatter.body(got.items, usage)
         return message_body(answer, ending_of(got), usage, body.stop_sequences, message_id)
@@ -114,10 +100,10 @@ async def count_tokens(request: Request) -> JSONResponse:
     check_fields(data, gateway_state(request).settings.request_limits())
     body = parse_body(data, schema.AnthropicCountTokensRequest)
     chat = parse_body(conversation_body(body), ChatCompletionRequest)
-    entry, _, gen_request = await _prepared(request, chat)
-    admitted = await admit(request, entry.name, NoPrompt())
+    prepared = await _prepared(request, chat)
+    admission = await admit(request, prepared.entry.name, NoPrompt())
     try:
-        count = await asyncio.to_thread(entry.router.count_tokens, gen_request)
+        count = await asyncio.to_thread(prepared.entry.router.count_tokens, prepared.request)
     finally:
-        await admitted.abandon()  # nothing generated: the slot is freed, no tokens billed
+        await admission.abandon()  # nothing generated: the slot is freed, no tokens billed
     return JSONResponse({"input_tokens": count})

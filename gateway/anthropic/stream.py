@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,7 @@ from backends.base import Usage
 from backends.events import close_events
 from gateway.anthropic.errors import error_body
 from gateway.anthropic.translate import Ending, stop_fields, usage_body
+from gateway.chunk_stream import StreamEnd, formatted_chunks
 from gateway.generation import Choices, Generation, as_openai_error
 from gateway.openai.responses import ChatFormatter
 
@@ -119,45 +121,17 @@ async def message_stream(gen: Generation, chat: ChatFormatter, blocks: BlockStre
     try:
         for event in blocks.start(input_tokens):
             yield frame(event)
-        got = Choices(1)
-        event = gen.first
-        while event is not None:
-            done = got.add(gen, event)
-            for chunk in chat.delta_chunks(0, event.text, event.tokens, event.split):
-                for out in blocks.chunk(chunk):
-                    yield frame(out)
-            if got.failure() is not None:
-                break
-            if event.finish_reason is not None:
-                for chunk in chat.finish_chunks(0, event.finish_reason):
-                    for out in blocks.chunk(chunk):
+        async with aclosing(formatted_chunks(gen, chat)) as chunks:
+            async for item in chunks:
+                if isinstance(item, StreamEnd):
+                    for out in blocks.finish(item.usage, ending_of(item.got)):
                         yield frame(out)
-            if done:
-                break
-            event = await anext(gen.events, None)
-        async for data in _end(gen, chat, blocks, got):
-            yield data
+                else:
+                    for out in blocks.chunk(item):
+                        yield frame(out)
     except Exception as exc:
         err = as_openai_error(exc)
-        gen.trace.failed(err.failure_kind())
+        gen.trace.failed(err.failure_kind())  # the first reason given stays
         yield frame(error_body(err))
     finally:
         await close_events(gen.events)
-
-
-async def _end(gen: Generation, chat: ChatFormatter, blocks: BlockStream, got: Choices,
-               ) -> AsyncIterator[bytes]:
-    err = got.failure_error(gen.request.request_id)
-    if err is not None:
-        gen.trace.failed(err.failure_kind())
-        yield frame(error_body(err))
-        return
-    usage = got.usage(gen)
-    if got.items[0].finish_reason is None:  # the iterator ended without finishing: a stop
-        for chunk in chat.finish_chunks(0, "stop"):
-            for out in blocks.chunk(chunk):
-                yield frame(out)
-    last = got.last()
-    gen.trace.finished(usage, last.timings if last else None)
-    for out in blocks.finish(usage, ending_of(got)):
-        yield frame(out)

@@ -9,10 +9,10 @@ gets the same tokens through either API.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
-from backends.base import GenerationRequest, Usage
+from backends.base import Usage
 from gateway.anthropic.schema import (
     AnthropicConversationFields,
     AnthropicImageBlock,
@@ -29,6 +29,7 @@ from gateway.anthropic.schema import (
 )
 from gateway.errors import OpenAIError, bad_request
 from gateway.settings import RequestLimits
+from gateway.translated_chat import arguments_object
 
 JSON = dict[str, Any]
 NO_VISION = ("image content blocks need a vision model, and none is served here; send the "
@@ -194,15 +195,6 @@ def chat_body(body: AnthropicMessagesRequest) -> JSON:
     return chat
 
 
-def named_for_messages(request: GenerationRequest) -> GenerationRequest:
-    """The output constraint named as this API names it, in the engine's errors."""
-    structured = request.sampling.structured
-    if structured is None or structured.source != "response_format":
-        return request
-    renamed = replace(structured, source="output_config.format")
-    return replace(request, sampling=replace(request.sampling, structured=renamed))
-
-
 # ---- the answer ---------------------------------------------------------------------------
 
 
@@ -235,15 +227,6 @@ def usage_body(usage: Usage) -> JSON:
             "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0}
 
 
-def tool_input(arguments: str) -> JSON:
-    """A call's arguments as Anthropic's `input` object (a call cut short: what parsed, or {})."""
-    try:
-        value = json.loads(arguments)
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
 def content_blocks(message: JSON) -> list[JSON]:
     """The chat completion's message as content blocks: thinking, text, then tool uses."""
     blocks: list[JSON] = []
@@ -254,7 +237,7 @@ def content_blocks(message: JSON) -> list[JSON]:
         blocks.append({"type": "text", "text": message["content"]})
     for call in message.get("tool_calls") or []:
         blocks.append({"type": "tool_use", "id": call["id"], "name": call["function"]["name"],
-                       "input": tool_input(call["function"]["arguments"])})
+                       "input": arguments_object(call["function"]["arguments"])})
     return blocks
 
 
