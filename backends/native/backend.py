@@ -144,6 +144,9 @@ class NativeBackend:
             sampling_defaults=loaded.sampling_defaults,
             extra={
                 "model_id": loaded.model_path,
+                "architecture": getattr(loaded.hf_config, "model_type", None),
+                "parameter_count": loaded.parameter_count,
+                "thinking": engine.tokenizer.reasoning_markers is not None,  # it reasons
                 "device": loaded.device.type,
                 "dtype_reason": loaded.dtype_reason,
                 "cpu_kernels": loaded.cpu_kernels,  # avx512-bf16 / avx512 / avx2 / none (why)

@@ -35,7 +35,7 @@ from backends.native.models.support import check_supported
 from backends.quantized.config import GGUFConfig, QuantConfig, resolve_quantization
 from backends.quantized.gguf import GGUFFormats, gguf_formats
 from backends.quantized.loading import QuantizedLinears, prepare_model
-from backends.quantized.resident import resident_bytes
+from backends.quantized.resident import parameter_count, resident_bytes
 from backends.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -68,6 +68,7 @@ class LoadedModel:
     gguf_formats: GGUFFormats | None = None  # GGUF: the types kept packed, tensors dequantized
     expert_bytes: int = 0  # of weight_bytes, the experts' (mixture-of-experts models)
     moe_blocks: tuple[SparseMoeBlock, ...] = ()  # their MoE layers, for the routing counts
+    parameter_count: int = 0  # as the checkpoint counts them (quantized layers unpacked)
 
 
 def load_model(config: EngineConfig) -> LoadedModel:
@@ -119,7 +120,7 @@ def load_model(config: EngineConfig) -> LoadedModel:
         dtype_choice.reason, cpu_kernels,
         checkpoint_sampling(config.model, checkpoint.sampling_defaults),
         gguf_formats(model) if isinstance(quant, GGUFConfig) else None, expert_bytes(model),
-        tuple(moe_blocks(model)),
+        tuple(moe_blocks(model)), parameter_count(model),
     )
 
 
