@@ -28,6 +28,9 @@ from gateway.limits import BodyLimitMiddleware
 from gateway.metrics import GatewayMetrics
 from gateway.middleware import CLIENT_CLOSED, MetricsMiddleware, set_status_label
 from gateway.models_file import DeploymentPlan, ModelPlan
+from gateway.ollama.catalog import open_router as ollama_open_router
+from gateway.ollama.catalog import router as ollama_models_router
+from gateway.ollama.routes import router as ollama_router
 from gateway.openai.models import router as models_router
 from gateway.openai.routes import router as openai_router
 from gateway.openai.tokenize_routes import router as tokenize_router
@@ -211,6 +214,9 @@ def create_app(
     app.include_router(openai_router)
     app.include_router(messages_router)
     app.include_router(responses_router)
+    app.include_router(ollama_router)
+    app.include_router(ollama_models_router)
+    app.include_router(ollama_open_router)
     app.include_router(tokenize_router)
     app.include_router(models_router)
     app.include_router(admin_router)

@@ -21,7 +21,7 @@ LABELS_KEY = "switchyard.labels"
 CLIENT_CLOSED = 499  # nginx's "client closed request", for metrics only
 GENERATION_ROUTES = frozenset({
     "/v1/chat/completions", "/v1/completions", "/v1/responses", "/generate", "/generate_stream",
-    "/", "/v1/messages",
+    "/", "/v1/messages", "/api/chat", "/api/generate",
 })
 
 

@@ -104,13 +104,15 @@ def sse_content(data: JSON, *, done: bool) -> JSON:
 
 @dataclass(frozen=True)
 class Answer:
-    """One documented status: a JSON model, an event stream of a model, or plain text."""
+    """One documented status: a JSON model, an event stream of a model, newline-delimited
+    JSON objects of a model (Ollama's streams), or plain text."""
 
     status: int
     description: str
     model: type[BaseModel] | None = None
     stream: type[BaseModel] | None = None
     stream_done: bool = True  # OpenAI's streams end with `data: [DONE]`; TGI's do not
+    lines: type[BaseModel] | None = None  # application/x-ndjson, one object a line
     text: str | None = None  # a plain-text media type
     headers: JSON | None = None
 
@@ -121,6 +123,9 @@ class Answer:
         if self.stream is not None:
             schema = _use(self.stream, found, "serialization")
             content.update(sse_content(schema, done=self.stream_done))
+        if self.lines is not None:
+            schema = _use(self.lines, found, "serialization")
+            content["application/x-ndjson"] = {"itemSchema": schema}
         if self.text is not None:
             content[self.text] = {"schema": {"type": "string"}}
         response: JSON = {"description": self.description, "content": content}

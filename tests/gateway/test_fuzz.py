@@ -4,7 +4,8 @@ A real uvicorn server serving the echo backend, with API keys off, and on (a rea
 with the admin key or an ordinary key. Each operation gets a bounded, derandomized run of
 valid and invalid requests (Hypothesis). Every answer must be: no 5xx, in time, a declared
 status and content type, a body matching the declared schema, and every 4xx in the route's
-error shape (OpenAI's, TGI's on TGI's routes, Anthropic's on the Messages routes).
+error shape (OpenAI's, TGI's on TGI's routes, Anthropic's on the Messages routes, Ollama's
+under /api/).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from schemathesis.specs.openapi.checks import (
 from gateway.anthropic.errors import MESSAGES_PATHS
 from gateway.anthropic.schema import AnthropicErrorResponse
 from gateway.app import create_app
+from gateway.ollama.errors import is_ollama_path
+from gateway.ollama.schema import OllamaErrorResponse
 from gateway.openapi import ErrorResponse, TGIErrorResponse
 from gateway.settings import Settings
 from tests.auth.conftest import RedisServer
@@ -119,6 +122,8 @@ def _error_shape(path: str, response: httpx.Response | Any) -> None:
     shape = TGIErrorResponse if tgi else ErrorResponse
     if path in MESSAGES_PATHS:
         shape = AnthropicErrorResponse
+    if is_ollama_path(path):
+        shape = OllamaErrorResponse
     shape.model_validate(response.json())
 
 
@@ -159,7 +164,10 @@ BASES = {"/v1/chat/completions": {"messages": [{"role": "user", "content": "hi"}
          "/detokenize": {"tokens": [1]}, "/generate": {"inputs": "hi"},
          "/generate_stream": {"inputs": "hi"}, "/": {"inputs": "hi"},
          "/v1/messages": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
-         "/v1/messages/count_tokens": {"messages": [{"role": "user", "content": "hi"}]}}
+         "/v1/messages/count_tokens": {"messages": [{"role": "user", "content": "hi"}]},
+         "/api/chat": {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
+         "/api/generate": {"model": MODEL, "prompt": "hi"}, "/api/embed": {"model": MODEL},
+         "/api/show": {"model": MODEL}}
 
 
 def _fields(document: dict[str, Any], schema: dict[str, Any]) -> Iterator[tuple[str, ...]]:
