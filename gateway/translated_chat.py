@@ -21,8 +21,8 @@ from gateway.limits import cap_output
 from gateway.middleware import set_model_label
 from gateway.openai.requests import ChatCompletionRequest
 from gateway.openai.responses import ChatFormatter, ResponseOptions, chat_meta
-from gateway.openai.sampling import chat_request, new_request_id, tool_plan, uses_tools
-from gateway.sampling_defaults import effective, model_info
+from gateway.openai.routes import chat_generation
+from gateway.openai.sampling import new_request_id
 from gateway.state import gateway_state
 from routing.registry import ModelEntry
 
@@ -39,14 +39,9 @@ async def prepare_chat(request: Request, chat: ChatCompletionRequest, entry: Mod
     """The chat route's preparation of a checked body for `entry`: tool plan, formatter,
     generation request; its output constraint named `constraint` in the engine's errors."""
     set_model_label(request.scope, entry.name)
-    info = await model_info(entry)  # None while loading: no template, configured defaults
-    plan = None
-    if uses_tools(chat):
-        plan = tool_plan(chat, info.chat_template if info is not None else None,
-                         entry.tool_call_parser)
+    plan, gen_request = await chat_generation(entry, chat, new_request_id())
     options = ResponseOptions(include_reasoning=chat.include_reasoning)
     formatter = ChatFormatter(chat_meta(entry.name), options, plan)
-    gen_request = chat_request(chat, new_request_id(), plan, effective(entry, info))
     return PreparedChat(entry, formatter, constraint_named(gen_request, constraint))
 
 

@@ -19,8 +19,7 @@ from backends.base import GenerationRequest, Usage
 from gateway.body import parse_body, read_json
 from gateway.errors import OpenAIError, bad_request
 from gateway.generation import unless_disconnected
-from gateway.guard import GUARD, PromptTokens, admit, open_admitted, principal_of
-from gateway.limits import cap_output
+from gateway.guard import GUARD, open_admitted, principal_of
 from gateway.middleware import set_model_label
 from gateway.openai.routes import chat_generation, resolve_model
 from gateway.openai.tools import ToolPlan
@@ -44,6 +43,7 @@ from gateway.responses_api.translate import chat_body, responses_errors
 from gateway.settings import RequestLimits
 from gateway.sse import SSEResponse
 from gateway.state import gateway_state
+from gateway.translated_chat import admitted as admit_chat
 from routing.registry import ModelEntry
 
 router = APIRouter(dependencies=[GUARD])  # the key is checked before the body is read
@@ -124,13 +124,7 @@ async def _respond(request: Request, prepared: Prepared) -> Response:
     state = gateway_state(request)
     backend = prepared.entry.router  # balances and falls back over the model's deployments
     trace = state.metrics.trace(prepared.entry.name)
-    cap = state.settings.max_output_tokens
-    # Admitted first: a key over its limits costs no tokenization.
-    admitted = await admit(request, prepared.entry.name,
-                           PromptTokens(backend, prepared.gen_request, cap))
-    async with admitted.unless_failing():
-        gen_request = await cap_output(backend, prepared.gen_request, cap,
-                                       admitted.prompt.count)
+    admitted, gen_request = await admit_chat(request, prepared.entry, prepared.gen_request)
     builder = OutputBuilder(prepared.plan.parser() if prepared.plan is not None else None)
     finish = _finisher(request, prepared)
     if prepared.body.streams():
