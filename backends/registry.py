@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from backends.base import Backend
+from backends.embeddings import Task
 from backends.transformers import create_transformers_backend
 
 
@@ -24,6 +25,7 @@ class BackendSpec:
     backend: str = "native"
     aliases: tuple[str, ...] = ()
     options: Mapping[str, Any] = field(default_factory=dict)
+    task: Task = "generate"  # embed: /v1/embeddings only (backends/embeddings.py)
 
 
 def _native(spec: BackendSpec) -> Backend:
@@ -31,7 +33,8 @@ def _native(spec: BackendSpec) -> Backend:
     from backends.native.backend import NativeBackend
     from backends.native.config import EngineConfig
 
-    known = {f.name for f in dataclasses.fields(EngineConfig)} - {"model", "served_model_name"}
+    known = {f.name for f in dataclasses.fields(EngineConfig)} - {
+        "model", "served_model_name", "task"}
     unknown = sorted(set(spec.options) - known)
     if unknown:
         raise ValueError(
@@ -40,7 +43,12 @@ def _native(spec: BackendSpec) -> Backend:
         )
     # served models cache their startup by default; engines built directly (tests) do not
     options = {"cache_dir": DEFAULT_CACHE_DIR, **spec.options}
-    config = EngineConfig(model=spec.model_id, served_model_name=spec.name, **options)
+    config = EngineConfig(model=spec.model_id, served_model_name=spec.name, task=spec.task,
+                          **options)
+    if spec.task == "embed":
+        from backends.native.embedding_backend import NativeEmbeddingBackend
+
+        return NativeEmbeddingBackend(config)
     return NativeBackend(config)
 
 
@@ -53,6 +61,9 @@ def _remote(spec: BackendSpec) -> Backend:
 
 
 def _tgi(spec: BackendSpec) -> Backend:
+    if spec.task != "generate":
+        raise ValueError(f"model {spec.name!r}: the tgi backend serves text generation only "
+                         f"(task {spec.task!r}); use native, transformers or remote")
     from backends.remote.options import parse_options
     from backends.tgi.backend import TGIBackend
     from backends.tgi.options import TGIOptions

@@ -50,7 +50,7 @@ BACKEND_LAYERS: dict[str, frozenset[str]] = {
     "native.models": frozenset({"native.layers", "cpu_kernels", "quantized"}),
     "native.loading": frozenset({
         "native.config", "native.models", "native.layers", "text", "machine", "quantized",
-        "cpu_kernels", "default_model", "generation_config", "base"}),
+        "cpu_kernels", "default_model", "generation_config", "base", "pooling"}),
     "native.scheduling": frozenset({"base", "native.config", "native.structured", "text"}),
     "native.sampling": frozenset({
         "native.scheduling", "native.structured", "text", "cpu_kernels", "base"}),
@@ -59,9 +59,9 @@ BACKEND_LAYERS: dict[str, frozenset[str]] = {
         "native.loading", "native.config", "cpu_kernels", "quantized", "base"}),
     "transformers": frozenset({
         "base", "text", "machine", "default_model", "generation_config", "events", "torch_thread",
-        "quantized", "registry"}),
+        "quantized", "registry", "embeddings", "pooling"}),
     "tgi": frozenset({"base", "text", "events", "remote"}),
-    "remote": frozenset({"base", "events"}),
+    "remote": frozenset({"base", "events", "embeddings"}),
 }
 
 

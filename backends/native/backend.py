@@ -342,10 +342,14 @@ class NativeBackend:
             block = False
             if message is _STOP:
                 return False
-            if isinstance(message, _Add):
-                self._add(engine, message)
-            elif isinstance(message, _Abort):
-                engine.abort(message.request_id)
+            self._apply(engine, message)
+
+    def _apply(self, engine: LLMEngine, message: object) -> None:
+        """One inbox message, in the engine thread."""
+        if isinstance(message, _Add):
+            self._add(engine, message)
+        elif isinstance(message, _Abort):
+            engine.abort(message.request_id)
 
     def _add(self, engine: LLMEngine, message: _Add) -> None:
         try:

@@ -11,6 +11,9 @@ from backends.quantized.config import check_kernels_setting
 class EngineConfig:
     model: str  # a Hugging Face folder, a .gguf file, or "default"
     served_model_name: str | None = None
+    # generate, or embed: prompts run through the same scheduler and KV cache, and each one's
+    # final hidden states are pooled into a vector (native/embedding.py) instead of sampled
+    task: str = "generate"
     dtype: str = "auto"  # auto | bfloat16 | float32 | float16
     device: str = "cpu"
     max_input_tokens: int | None = None  # default: max_total_tokens - 1
@@ -72,6 +75,8 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         check_kernels_setting(self.quantized_kernels)
+        if self.task not in ("generate", "embed"):
+            raise ValueError(f"task {self.task!r} is not generate or embed")
         if self.max_batch_prefill_tokens is None:
             object.__setattr__(self, "max_batch_prefill_tokens", default_prefill_tokens(
                 self.device, self.chunked_prefill))

@@ -3,6 +3,9 @@
 A request with `n` choices is one sequence until its prompt is computed; in the step that
 samples its first token it forks into n sequences sharing the prompt's KV blocks (the block
 manager copies a shared block on write), each sampling from its own generator.
+
+An embedding model's engine (`task="embed"`) runs prompts only: `add_embedding` queues one
+sequence per input, and each step pools instead of sampling (native/embedding.py).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import torch
 
 from backends.base import SamplingParams, StepTiming
 from backends.native.config import EngineConfig
+from backends.native.embedding import Pooler
 from backends.native.loading.model_setup import LoadedModel, load_model
 from backends.native.outputs import ChoiceOutputs, RequestOutput, held_text, request_output
 from backends.native.runner.greedy_head import plain_greedy
@@ -53,12 +57,15 @@ class LLMEngine:
             ),
             self.block_manager,
         )
+        self.pooler = Pooler(self.loaded.pooling) if self.loaded.pooling is not None else None
+        # An embedding model has no lm_head and never decodes: no regions ending in logits.
+        regions = config.compile and self.pooler is None
         self.runner = ModelRunner(
             self.loaded.model, self.loaded.kv_cache, self.loaded.device,
             self.loaded.sliding_window, compiled=config.compile,
-            whole_step=config.compile and config.compile_decode_step,
-            compiled_prefill=config.compile and _compiles_prefill(config, self.loaded),
-            greedy_head=config.greedy_head,
+            whole_step=regions and config.compile_decode_step,
+            compiled_prefill=regions and _compiles_prefill(config, self.loaded),
+            greedy_head=self.pooler is None and config.greedy_head,
         )
         self.generator = torch.Generator().manual_seed(config.seed)
         self._groups: dict[str, list[Sequence]] = {}  # request id -> its unfinished choices
@@ -109,6 +116,21 @@ class LLMEngine:
         self.scheduler.add(first)
         return first
 
+    def add_embedding(
+        self, request_id: str, prompts: list[list[int]], arrival_time: float | None = None,
+    ) -> list[Sequence]:
+        """Queue an embedding request: one prompt-only sequence per input, pooled into a
+        vector by the step that completes it (an embedding model's engine only)."""
+        assert self.pooler is not None, "this engine's model is not an embedding model"
+        if request_id in self._groups or not prompts or not all(prompts):
+            raise ValueError(f"request {request_id!r} is already running or has no input")
+        now = time.monotonic() if arrival_time is None else arrival_time
+        seqs = [self.pooler.sequence(request_id, i, p, now) for i, p in enumerate(prompts)]
+        self._groups[request_id] = list(seqs)
+        for seq in seqs:
+            self.scheduler.add(seq)
+        return seqs
+
     def _choice(
         self, request_id: str, index: int, prompt: list[int], sampling: SamplingParams,
         max_tokens: int, eos: frozenset[int], now: float, grammar: CompiledGrammar | None,
@@ -144,6 +166,8 @@ class LLMEngine:
             return outputs
         start = time.perf_counter()
         self._mark_started(batch.seqs)
+        if self.pooler is not None:
+            return outputs + self._pool_step(self.pooler, batch, start)
         sampling_seqs, spans = batch.sampling_seqs(), batch.prompt_spans()
         # Taken before anything can fail: a failed step frees the copies' destination blocks,
         # and copies left queued would write into blocks another request may own by then.
@@ -171,6 +195,26 @@ class LLMEngine:
             settle(masks)
             # Outputs already made stay: a choice that finished must still report it.
             return outputs + self._step_failed(batch, exc)
+        self._record_step(batch, time.perf_counter() - start)
+        return outputs
+
+    def _pool_step(self, pooler: Pooler, batch: ScheduledBatch,
+                   start: float) -> list[RequestOutput]:
+        """An embedding model's step: pool the batch's rows; each sequence whose prompt is
+        now complete finishes (its blocks freed at once) with its vector as its output."""
+        try:
+            pooled = self.runner.pool(batch, pooler.mode)
+            if self.faults:
+                raise_injected_fault(self.faults, batch)
+            self.scheduler.postprocess(batch)
+        except Exception as exc:
+            return self._step_failed(batch, exc)
+        pooler.add(pooled)
+        outputs = []
+        for seq in [s for s in batch.seqs if s.num_computed_tokens == s.num_tokens]:
+            vector = pooler.vector(seq)
+            self._finish(seq, "stop")
+            outputs.append(request_output(seq, "", [], embedding=vector))
         self._record_step(batch, time.perf_counter() - start)
         return outputs
 
@@ -328,18 +372,23 @@ class LLMEngine:
             return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
 
         tag = f"warmup-{time.monotonic_ns()}"
-        self.add_request(f"{tag}-0", [1, 2, 3], greedy(4))  # decodes alone in its last step
-        self.step()
-        self.add_request(f"{tag}-1", [1, 2, 4], greedy(2))
-        self.add_request(f"{tag}-2", [1, 2, 5, 6], greedy(2))
-        while self.has_work():
+        if self.pooler is not None:  # prompts only: a one-row step (decode attention), a longer
+            self.add_embedding(tag, [[1], [1, 2, 3]])
+        else:
+            self.add_request(f"{tag}-0", [1, 2, 3], greedy(4))  # decodes alone in its last step
             self.step()
+            self.add_request(f"{tag}-1", [1, 2, 4], greedy(2))
+            self.add_request(f"{tag}-2", [1, 2, 5, 6], greedy(2))
+        self.run_until_idle()
         if self.runner.prefill_step is not None and self.loaded.quantization is not None:
             rows = min(WARMUP_PREFILL_ROWS, self.loaded.max_input_tokens)
             self.add_request(f"{tag}-3", [1 + i % 7 for i in range(rows)], greedy(1))
-            while self.has_work():
-                self.step()
+            self.run_until_idle()
         self.step_timings.clear()
+
+    def run_until_idle(self) -> None:
+        while self.has_work():
+            self.step()
 
     def generate(
         self, prompts: list[list[int]], sampling: SamplingParams | list[SamplingParams],
@@ -351,8 +400,7 @@ class LLMEngine:
             self.add_request(f"offline-{base}-{i}-{time.monotonic_ns()}", p, s)
             for i, (p, s) in enumerate(zip(prompts, params, strict=True))
         ]
-        while self.has_work():
-            self.step()
+        self.run_until_idle()
         return seqs
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from backends.base import ReasoningSplit, RequestTimings, TokenInfo, TopLogprob
@@ -40,6 +41,8 @@ class RequestOutput:
     reasoning_tokens: int | None = None
     cached_tokens: int = 0  # prompt tokens served from the prefix cache (once finished)
     stop_sequence: str | None = None  # the stop string that ended it
+    # An embedding model's input, once pooled: its float32 vector (native/embedding.py).
+    embedding: np.ndarray | None = None
 
 
 class ChoiceOutputs:
@@ -117,10 +120,11 @@ def held_text(seq: Sequence) -> str:
     return _state(seq).stops.flush()
 
 
-def request_output(seq: Sequence, text: str, tokens: list[TokenInfo]) -> RequestOutput:
+def request_output(seq: Sequence, text: str, tokens: list[TokenInfo],
+                   embedding: np.ndarray | None = None) -> RequestOutput:
     output = RequestOutput(
         seq.group_id, text, tokens, seq.is_finished, seq.finish_reason, seq.stop_reason,
-        seq.num_prompt_tokens, seq.num_output_tokens, index=seq.index,
+        seq.num_prompt_tokens, seq.num_output_tokens, index=seq.index, embedding=embedding,
     )
     splitter = seq.output.reasoning if seq.output is not None else None
     if splitter is not None:

@@ -21,6 +21,7 @@ from backends.native.config import EngineConfig
 from backends.native.layers.attention import KVCache, attention_kernels_fit
 from backends.native.layers.cpu_linear import can_prepack, prepack_linears
 from backends.native.loading import weight_cache
+from backends.native.loading.embedding_model import decoder_tensors, drop_lm_head
 from backends.native.loading.load_progress import current_tracker, tensor_total, weight_progress
 from backends.native.loading.loader import Checkpoint, load_checkpoint, weight_files
 from backends.native.loading.startup_cache import (
@@ -32,6 +33,7 @@ from backends.native.loading.tokenizer_loading import load_tokenizer
 from backends.native.models import build_model, sliding_window
 from backends.native.models.moe import SparseMoeBlock, expert_bytes, moe_blocks
 from backends.native.models.support import check_supported
+from backends.pooling import DECODER_DEFAULT, Pooling, read_pooling
 from backends.quantized.config import GGUFConfig, QuantConfig, resolve_quantization
 from backends.quantized.gguf import GGUFFormats, gguf_formats
 from backends.quantized.loading import QuantizedLinears, prepare_model
@@ -69,6 +71,7 @@ class LoadedModel:
     expert_bytes: int = 0  # of weight_bytes, the experts' (mixture-of-experts models)
     moe_blocks: tuple[SparseMoeBlock, ...] = ()  # their MoE layers, for the routing counts
     parameter_count: int = 0  # as the checkpoint counts them (quantized layers unpacked)
+    pooling: Pooling | None = None  # an embedding model's (task embed; no lm_head); None: LM
 
 
 def load_model(config: EngineConfig) -> LoadedModel:
@@ -85,6 +88,9 @@ def load_model(config: EngineConfig) -> LoadedModel:
         stage["cached"] = checkpoint.metadata_cached
     check_supported(checkpoint.config)
     hf_config = checkpoint.config
+    # An embedding model pools as its sentence-transformers config says (a decoder's default:
+    # the last token, normalised); refused here, before the weights, when it cannot.
+    pooling = read_pooling(path, DECODER_DEFAULT) if config.task == "embed" else None
     device = torch.device(config.device)
     dtype_choice = resolve_dtype(config.dtype, device)
     dtype = dtype_choice.dtype
@@ -120,7 +126,7 @@ def load_model(config: EngineConfig) -> LoadedModel:
         dtype_choice.reason, cpu_kernels,
         checkpoint_sampling(config.model, checkpoint.sampling_defaults),
         gguf_formats(model) if isinstance(quant, GGUFConfig) else None, expert_bytes(model),
-        tuple(moe_blocks(model)), parameter_count(model),
+        tuple(moe_blocks(model)), parameter_count(model), pooling,
     )
 
 
@@ -130,14 +136,18 @@ def _build_and_load(
 ) -> tuple[nn.Module, QuantizedLinears | None, bool]:
     """The model with its weights, and whether they came from the cache (GGUF files only:
     unpacking and repacking their blocks is most of their load)."""
+    lm_head = config.task != "embed"
+
     def build() -> tuple[nn.Module, QuantizedLinears | None]:
         return _build(checkpoint.config, max_total, device, dtype, quant,
-                      checkpoint.quantized_lm_head, config.quantized_kernels)
+                      lm_head and checkpoint.quantized_lm_head, config.quantized_kernels,
+                      lm_head)
 
     model, linears = build()
     entry = None
     if cache is not None and checkpoint.format == "gguf":
-        entry = weight_cache.variant(device, dtype, f"{config.quantize}|{config.quantized_kernels}")
+        settings = f"{config.quantize}|{config.quantized_kernels}" + ("" if lm_head else "|embed")
+        entry = weight_cache.variant(device, dtype, settings)
         found = cache.path(entry).exists()
         def restore(folder: Path) -> bool:
             weight_cache.restore(folder, model, linears, device)
@@ -150,6 +160,8 @@ def _build_and_load(
     log.info("reading weights (%s, %s)", checkpoint.format, dtype)
     _stage_detail(checkpoint, quant)
     tensors = checkpoint.tensors(keep_quantized=isinstance(quant, GGUFConfig))
+    if not lm_head:
+        tensors = decoder_tensors(tensors)
     model.load_weights(weight_progress(tensors, _tensor_total(checkpoint)), linears)
     model.eval()  # the quantized modules swapped in while loading start in training mode
     if entry is not None:
@@ -212,10 +224,12 @@ def use_attention_kernels(
 def _build(
     hf_config: PretrainedConfig, max_total: int, device: torch.device, dtype: torch.dtype,
     quant: QuantConfig | None = None, quantized_lm_head: bool = False,
-    quantized_kernels: str = "auto",
+    quantized_kernels: str = "auto", lm_head: bool = True,
 ) -> tuple[nn.Module, QuantizedLinears | None]:
     with torch.device("meta"):
         model = build_model(hf_config, max_total)
+    if not lm_head:  # an embedding model
+        drop_lm_head(model)
     # Quantized Linears are swapped for placeholders first: no dense copy is ever allocated.
     linears = (prepare_model(model, quant, device, dtype, quantized_lm_head, quantized_kernels)
                if quant else None)

@@ -254,10 +254,19 @@ class LlamaForCausalLM(nn.Module):
         meta: AttentionMetadata, logits_indices: torch.Tensor,
     ) -> torch.Tensor:
         """Returns float32 logits for the rows in `logits_indices` only."""
+        return self.head_logits(self.hidden(input_ids, positions, kv_cache, meta,
+                                            logits_indices))
+
+    def hidden(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache,
+        meta: AttentionMetadata, rows: torch.Tensor,
+    ) -> torch.Tensor:
+        """The final hidden states (after the final norm) of the rows in `rows` only: the
+        lm_head's input, and an embedding model's token states."""
         x, cos, sin = self.embed(input_ids, positions)
         for i, layer in enumerate(self.model.layers):
             x = layer(x, cos, sin, kv_cache.k[i], kv_cache.v[i], meta)
-        return self.logits(x.index_select(0, logits_indices))
+        return self.final_hidden(x.index_select(0, rows))
 
     def embed(
         self, input_ids: torch.Tensor, positions: torch.Tensor,

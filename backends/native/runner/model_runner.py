@@ -1,5 +1,6 @@
 """ModelRunner: owns the model and the KV cache, turns a ScheduledBatch into logits (or, for
-plain greedy steps, into tokens: step_result.py)."""
+plain greedy steps, into tokens: step_result.py; for an embedding model, into the final hidden
+states its pooling needs: pooled_rows.py)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from backends.native.layers.attention import (
 from backends.native.runner.compiled_prefill import CompiledPrefillStep
 from backends.native.runner.compiled_step import CompiledDecodeStep
 from backends.native.runner.greedy_head import GreedyHead
+from backends.native.runner.pooled_rows import PooledRows, pooled_spans
 from backends.native.runner.step_result import StepLogits, StepResult
 from backends.native.scheduling.scheduler import ScheduledBatch
 from backends.native.scheduling.sequence import Sequence
@@ -30,6 +32,7 @@ class StepInputs:
     positions: torch.Tensor
     meta: AttentionMetadata
     logits_indices: torch.Tensor  # the sampling sequences' rows first, in batch order
+    starts: list[int]  # the row of each sequence's first new token, in batch order
 
 
 class ModelRunner:
@@ -89,6 +92,16 @@ class ModelRunner:
         return StepLogits(self.model(inputs.input_ids, inputs.positions, self.kv_cache,
                                      inputs.meta, inputs.logits_indices))
 
+    @torch.inference_mode()
+    def pool(self, batch: ScheduledBatch, mode: str) -> PooledRows:
+        """An embedding model's step: the float32 final hidden states of the rows its pooling
+        `mode` needs (eager: no logits, no decode or prefill regions)."""
+        inputs = self.prepare(batch)
+        rows, spans = pooled_spans(batch, inputs.starts, mode)
+        hidden = self.model.hidden(inputs.input_ids, inputs.positions, self.kv_cache,
+                                   inputs.meta, self._tensor(rows))
+        return PooledRows(hidden.float(), spans)
+
     def _decode_only(self, batch: ScheduledBatch) -> bool:
         """Every row decodes one token and samples (no prompt chunk; a row that samples has
         no prompt position left whose logprobs could be asked)."""
@@ -133,7 +146,7 @@ class ModelRunner:
         if decode:
             self._decode_metadata(meta, [batch.seqs[i] for i in decode])
         return StepInputs(self._tensor(ids), self._tensor(positions), meta,
-                          self._tensor(logits_rows))
+                          self._tensor(logits_rows), starts)
 
     def _slot(self, seq: Sequence, position: int) -> int:
         return seq.block_table[position // self.block_size] * self.block_size + (

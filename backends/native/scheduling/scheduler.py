@@ -127,7 +127,7 @@ class Scheduler:
             return None
         seq, batch = self.solo[0], ScheduledBatch([], [])
         if seq.status is SequenceStatus.WAITING:
-            if not seq.block_table and not seq.needs_prompt_logits:
+            if not seq.block_table and not seq.skips_prefix_cache:
                 self.blocks.match_prefix(seq)
             self.waiting.remove(seq)
             seq.status = SequenceStatus.RUNNING
@@ -201,7 +201,7 @@ class Scheduler:
                 self.config.max_batch_size
             ):
                 break
-            if not seq.block_table and not seq.needs_prompt_logits:
+            if not seq.block_table and not seq.skips_prefix_cache:
                 self.blocks.match_prefix(seq)
             n = seq.num_uncomputed_tokens
             if self.config.chunked_prefill:

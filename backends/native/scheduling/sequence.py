@@ -35,6 +35,21 @@ class OutputState:
     reasoning: ReasoningSplitter | None = None  # a thinking model's reasoning / content split
 
 
+@dataclass
+class PoolState:
+    """An embedding sequence's pooling so far (native/embedding.py): the float32 sum of its
+    pooled rows (mean), or its one pooled row (cls, last token), and how many rows."""
+
+    mode: str  # "mean", "cls" or "last"
+    total: torch.Tensor | None = None
+    rows: int = 0
+
+    @property
+    def needs_every_position(self) -> bool:
+        """Mean and CLS pooling read positions a prefix cache hit would skip."""
+        return self.mode != "last"
+
+
 @dataclass(frozen=True)
 class TokenTable:
     """Token ids (long) and, for a bias, the amounts (the logits' dtype) on one device: a
@@ -96,6 +111,8 @@ class Sequence:
     # Prompt tokens the prefix cache held when it was first scheduled (usage's cached_tokens;
     # a recompute after preemption finds its own blocks and does not count).
     cached_tokens: int = 0
+    # An embedding model's sequence: a prompt that is pooled, never sampled (None: generation).
+    pool: PoolState | None = None
     finished_at: float | None = None  # time.monotonic() when it finished
 
     def __post_init__(self) -> None:
@@ -133,6 +150,13 @@ class Sequence:
         """Prompt logprobs asked and not produced yet: every prompt position's logits are
         needed, so the prefix cache is skipped."""
         return self.sampling.prompt_logprobs is not None and not self.num_output_tokens
+
+    @property
+    def skips_prefix_cache(self) -> bool:
+        """Every prompt position must be computed: prompt logprobs, or a pooling that reads
+        them all."""
+        return self.needs_prompt_logits or (
+            self.pool is not None and self.pool.needs_every_position)
 
     @property
     def max_total_tokens(self) -> int:
