@@ -16,12 +16,14 @@ from fastapi.responses import Response
 from auth.access import AccessPolicy, OpenAccess
 from auth.factory import build_access
 from backends.base import Backend
+from backends.embeddings import task_of
 from backends.registry import create_backend
 from gateway.admin.routes import router as admin_router
 from gateway.anthropic.routes import router as messages_router
 from gateway.browser_guard import BrowserGuardMiddleware, BrowserPolicy, listens_on_loopback
 from gateway.drain import Drain, DrainMiddleware
 from gateway.error_shapes import shaped_response
+from gateway.embeddings.routes import router as embeddings_router
 from gateway.errors import install_error_handlers
 from gateway.generation import ClientDisconnected
 from gateway.limits import BodyLimitMiddleware
@@ -64,14 +66,17 @@ def build_registry(settings: Settings, backends: Mapping[str, Served] | None) ->
         for plan in plans:
             deployments = [_deployment(d) for d in plan.deployments]
             registry.add_model(plan.name, deployments, plan.aliases, plan.tool_call_parser,
-                               plan.sampling_defaults)
+                               plan.sampling_defaults, plan.task)
         return registry
     declared = {plan.name: plan for plan in plans}
     for name, served in backends.items():
-        plan = declared.get(name) or ModelPlan(name, (), (), None, settings.flag_sampling())
         deployments = served if isinstance(served, Sequence) else [Deployment(name, served)]
+        # Undeclared, a model has the task its backend was built for.
+        task = task_of(deployments[0].backend, settings.task)
+        plan = declared.get(name) or ModelPlan(name, (), (), None, settings.flag_sampling(),
+                                               task)
         registry.add_model(name, deployments, plan.aliases, plan.tool_call_parser,
-                           plan.sampling_defaults)
+                           plan.sampling_defaults, plan.task)
     return registry
 
 
@@ -217,6 +222,7 @@ def create_app(
     app.include_router(ollama_router)
     app.include_router(ollama_models_router)
     app.include_router(ollama_open_router)
+    app.include_router(embeddings_router)
     app.include_router(tokenize_router)
     app.include_router(models_router)
     app.include_router(admin_router)

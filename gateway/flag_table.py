@@ -51,6 +51,9 @@ MODEL = Group("model and weights", (
     Flag("served_model_name", "the name clients use", Note("the model id"), metavar="NAME"),
     Flag("backend", "what runs the model: native | transformers | remote | tgi", "native",
          metavar="NAME"),
+    Flag("task", "what the --model-id model serves: generate (chat, completions, TGI's "
+         "routes) or embed (/v1/embeddings only); a models file sets each model's `task:`",
+         "generate"),
     Flag("config_file", "YAML file declaring models, aliases, deployments, routing and keys "
          "(without it: the one model --model-id names)", Note("none"), metavar="PATH"),
     Flag("sampling_defaults", "every model's sampling defaults, a JSON object (temperature, "
@@ -136,6 +139,8 @@ LIMITS = Group("request limits", (
     Flag("max_messages", "most chat messages in one request", "2048"),
     Flag("max_stop_sequences", "most stop strings in one request (as OpenAI and TGI)", "4"),
     Flag("max_stop_length", "longest stop string in characters", "512"),
+    Flag("max_embedding_inputs", "most inputs in one /v1/embeddings request (OpenAI's "
+         "limit)", "2048"),
 ))
 
 SERVER = Group("server and auth", (

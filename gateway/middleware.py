@@ -22,6 +22,7 @@ CLIENT_CLOSED = 499  # nginx's "client closed request", for metrics only
 GENERATION_ROUTES = frozenset({
     "/v1/chat/completions", "/v1/completions", "/v1/responses", "/generate", "/generate_stream",
     "/", "/v1/messages", "/api/chat", "/api/generate",
+    "/v1/embeddings",  # counted as a generation: its inputs are its prompt
 })
 
 

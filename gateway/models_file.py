@@ -7,8 +7,9 @@ or `deployments:`, a list of places it is served from. A deployment names its `b
 `model`, `api_key_env`, timeouts, engine options, or an `options:` mapping) belongs to its
 backend, whose factory checks it strictly when the gateway starts. A model's `defaults:`
 (temperature, top_p, top_k, min_p, repetition_penalty) are what its requests get when they
-omit them (gateway/sampling_defaults.py). Mistakes fail at startup as a `ConfigError`
-naming the field.
+omit them (gateway/sampling_defaults.py). A model's `task` is `generate` (the default) or
+`embed` (served on /v1/embeddings only; not by the tgi backend). Mistakes fail at startup
+as a `ConfigError` naming the field.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from auth.keys import KeyDeclaration
 from backends.base import NO_SAMPLING_DEFAULTS, SamplingDefaults
+from backends.embeddings import Task
 from backends.registry import BackendSpec
 from backends.transformers.options import shared_engine_flags
 from gateway.memory_size import parse_memory
@@ -69,6 +71,7 @@ class ModelDeclaration(BaseModel):
     tool_call_parser: Literal["hermes", "llama3_json", "mistral"] | None = None
     # Sampling defaults of requests that omit them: over the flag's and the checkpoint's.
     defaults: SamplingDefaultsDeclaration | None = None
+    task: Task = "generate"  # embed: an embedding model, served on /v1/embeddings only
 
     @model_validator(mode="after")
     def _one_way(self) -> ModelDeclaration:
@@ -124,6 +127,7 @@ class ModelPlan:
     deployments: tuple[DeploymentPlan, ...]
     tool_call_parser: str | None = None  # gateway/openai/tools FORMATS; None: from the template
     sampling_defaults: SamplingDefaults = NO_SAMPLING_DEFAULTS  # `defaults:` over the flag's
+    task: Task = "generate"
 
 
 def _location(loc: tuple[int | str, ...]) -> str:
@@ -171,7 +175,7 @@ def model_plan(
             _deployment(decl, i, d, default_backend, engine_defaults)
             for i, d in enumerate(decl.deployments))
     return ModelPlan(decl.name, tuple(decl.aliases), deployments, decl.tool_call_parser,
-                     declared(decl.defaults).over(sampling_defaults))
+                     declared(decl.defaults).over(sampling_defaults), decl.task)
 
 
 def _deployment(
@@ -191,10 +195,14 @@ def _spec(
                 else shared_engine_flags(engine_defaults) if backend == "transformers" else {})
     if backend == "native" and not model_id:
         raise ConfigError(f"model {decl.name!r}: a native deployment needs `model_id`")
+    if decl.task == "embed" and backend == "tgi":
+        raise ConfigError(f"model {decl.name!r}: task embed cannot run on the tgi backend "
+                          "(native, transformers or remote can)")
     if backend == "native" and "kv_cache_memory" in options:
         options = {**options, "kv_cache_memory": _memory(decl.name, options["kv_cache_memory"])}
     return BackendSpec(name=decl.name, model_id=model_id, backend=backend,
-                       aliases=tuple(decl.aliases), options={**defaults, **options})
+                       aliases=tuple(decl.aliases), options={**defaults, **options},
+                       task=decl.task)
 
 
 def _memory(model: str, value: Any) -> float | None:

@@ -24,6 +24,7 @@ from auth.factory import AuthConfig
 from auth.limits import LEASE_TTL_S
 from auth.recent_keys import FAIL_OPEN_TTL_S
 from backends.base import SamplingDefaults
+from backends.embeddings import Task
 from backends.registry import BackendSpec
 from gateway.memory_size import parse_memory
 from gateway.models_file import (
@@ -58,12 +59,14 @@ class RequestLimits:
     max_stop_sequences: int = 4
     max_stop_length: int = 512
     max_output_tokens: int | None = None
+    max_embedding_inputs: int = 2048  # inputs of one /v1/embeddings request (OpenAI's limit)
 
     def report(self) -> dict[str, int | None]:
         return {"max_request_body_bytes": self.max_body_bytes, "max_messages": self.max_messages,
                 "max_stop_sequences": self.max_stop_sequences,
                 "max_stop_length": self.max_stop_length,
-                "max_output_tokens": self.max_output_tokens}
+                "max_output_tokens": self.max_output_tokens,
+                "max_embedding_inputs": self.max_embedding_inputs}
 
 
 _LIMITS = RequestLimits()
@@ -82,6 +85,7 @@ class Settings(BaseSettings):
     model_id: str = "default"
     served_model_name: str | None = None
     backend: str = "native"
+    task: Task = "generate"  # the --model-id model's; a models file declares each model's
     config_file: Path | None = None
     hostname: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
@@ -142,6 +146,7 @@ class Settings(BaseSettings):
     max_stop_sequences: int = Field(_LIMITS.max_stop_sequences, ge=0)  # OpenAI's and TGI's
     max_stop_length: PositiveInt = _LIMITS.max_stop_length  # characters of one stop string
     max_output_tokens: PositiveInt | None = None  # None: the model's --max-total-tokens alone
+    max_embedding_inputs: PositiveInt = _LIMITS.max_embedding_inputs
     shutdown_timeout: float = Field(30.0, ge=0)
     playground: bool = True  # the chat page at /playground (gateway/playground/)
     # Web origins (https://app.example) allowed to call from a browser: CORS, and in open mode
@@ -176,6 +181,7 @@ class Settings(BaseSettings):
             max_body_bytes=self.max_request_body_bytes, max_messages=self.max_messages,
             max_stop_sequences=self.max_stop_sequences, max_stop_length=self.max_stop_length,
             max_output_tokens=self.max_output_tokens,
+            max_embedding_inputs=self.max_embedding_inputs,
         )
 
     @field_validator("cors_allow_origins")
@@ -192,7 +198,7 @@ class Settings(BaseSettings):
     def cors_origins(self) -> frozenset[str]:
         return frozenset(_split_origins(self.cors_allow_origins))
 
-    @field_validator("log_level", "log_format", "cpu_kernels", mode="before")
+    @field_validator("log_level", "log_format", "cpu_kernels", "task", mode="before")
     @classmethod
     def _lower(cls, value: Any) -> Any:
         return value.lower() if isinstance(value, str) else value
@@ -220,7 +226,8 @@ class Settings(BaseSettings):
         Engine flags apply to every native deployment; a declaration's options override them.
         """
         if self.config_file is None:
-            decl = ModelDeclaration(name=self.served_name(), model_id=self.model_id)
+            decl = ModelDeclaration(name=self.served_name(), model_id=self.model_id,
+                                    task=self.task)
             return [model_plan(decl, self.backend, self._engine_options(), self.flag_sampling())]
         models = self.load_config_file().models
         return [model_plan(decl, self.backend, self._engine_options(), self.flag_sampling())

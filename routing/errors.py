@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 
-from backends.base import DeploymentError
+from backends.base import DeploymentError, RequestError
+from backends.embeddings import Task
 
 
 class ModelNotFound(LookupError):
@@ -27,3 +28,18 @@ class NoHealthyDeployment(DeploymentError):
             status_code=503, code="no_healthy_deployment", retry_after=seconds,
         )
         self.model = model
+
+
+_SERVES: dict[Task, str] = {
+    "generate": "a text generation model (task: generate): it serves chat, completions and "
+                "TGI's routes, not /v1/embeddings; serve an embedding model with `task: embed` "
+                "(--task embed)",
+    "embed": "an embedding model (task: embed): it serves /v1/embeddings only, not text "
+             "generation",
+}
+
+
+def task_mismatch(model: str, task: Task) -> RequestError:
+    """A request for what `model`'s task does not serve: a 400 naming the model and its task."""
+    return RequestError(f"The model `{model}` is {_SERVES[task]}.", param="model",
+                        code="model_task_mismatch")

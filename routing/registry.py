@@ -7,6 +7,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from backends.base import NO_SAMPLING_DEFAULTS, Backend, SamplingDefaults
+from backends.embeddings import Task
 from routing.deployment import Deployment
 from routing.errors import ModelNotFound
 from routing.policy import RoutingPolicy
@@ -29,6 +30,11 @@ class ModelEntry:
     def deployments(self) -> tuple[Deployment, ...]:
         return self.router.deployments
 
+    @property
+    def task(self) -> Task:
+        """generate (chat, completions, TGI's routes) or embed (/v1/embeddings)."""
+        return self.router.task
+
 
 class ModelRegistry:
     """Resolves a requested model name (canonical or alias) to a `ModelEntry`."""
@@ -45,7 +51,7 @@ class ModelRegistry:
     def add_model(
         self, name: str, deployments: Sequence[Deployment], aliases: Iterable[str] = (),
         tool_call_parser: str | None = None,
-        sampling_defaults: SamplingDefaults = NO_SAMPLING_DEFAULTS,
+        sampling_defaults: SamplingDefaults = NO_SAMPLING_DEFAULTS, task: Task = "generate",
     ) -> ModelEntry:
         aliases = tuple(a for a in dict.fromkeys(aliases) if a != name)
         for taken in (name, *aliases):
@@ -53,7 +59,7 @@ class ModelRegistry:
                 raise ValueError(
                     f"model name or alias {taken!r} is already used by {self._names[taken]!r}"
                 )
-        router = ModelRouter(name, deployments, self.policy)
+        router = ModelRouter(name, deployments, self.policy, task=task)
         entry = ModelEntry(name, router, aliases, tool_call_parser, sampling_defaults)
         self._entries[name] = entry
         for taken in (name, *aliases):

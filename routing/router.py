@@ -11,16 +11,21 @@ client mistake, an upstream 4xx, or an upstream's error event that blames the re
 the first event or after it) is neither retried nor counted as a failure. With `n > 1`
 choices the events pass through until every choice has finished; an "error" finish in any
 choice counts as the deployment's failure.
+
+A model has one task: a router of an embedding model (`task="embed"`) refuses generation and
+its token counts with a 400 naming the model and its task (whatever route asked), and routes
+`embed()` calls, one answer each, with the same balancing, fallbacks and cooldowns; a
+generation model refuses `embed()` alike.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from backends.base import (
     Backend,
@@ -34,16 +39,23 @@ from backends.base import (
     RequestError,
     StepTiming,
 )
+from backends.embeddings import (
+    EmbeddingBackend,
+    EmbeddingRequest,
+    Embeddings,
+    Task,
+)
 from backends.events import close_events
 from routing.balancer import Balancer, best_tier
 from routing.deployment import Deployment
-from routing.errors import NoHealthyDeployment
+from routing.errors import NoHealthyDeployment, task_mismatch
 from routing.health import current
 from routing.policy import RoutingPolicy
 from routing.stats import Outcome
 
 log = logging.getLogger("switchyard.routing")
 Events = AsyncIterator[GenerationEvent]
+T = TypeVar("T")
 RETRYABLE = (DeploymentError, BackendUnavailable)
 OVERLOADED = "overloaded"  # a local engine at --max-concurrent-requests (RequestError 429)
 # Refusals that say "busy, not broken": the request moves on to another deployment, no cooldown.
@@ -88,7 +100,7 @@ class ModelRouter:
 
     def __init__(
         self, model: str, deployments: Sequence[Deployment], policy: RoutingPolicy,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.monotonic, task: Task = "generate",
     ) -> None:
         if not deployments:
             raise ValueError(f"model {model!r} has no deployments")
@@ -98,8 +110,14 @@ class ModelRouter:
         self.model = model
         self.deployments = tuple(deployments)
         self.policy = policy
+        self.task = task
         self._clock = clock
         self._balancer = Balancer()
+
+    def require(self, task: Task) -> None:
+        """Refuse (a 400 naming the model and its task) what this model's task does not do."""
+        if task != self.task:
+            raise task_mismatch(self.model, self.task)
 
     # -- generation -------------------------------------------------------------------
 
@@ -107,6 +125,7 @@ class ModelRouter:
         return self._generate(req)
 
     async def _generate(self, req: GenerationRequest) -> Events:
+        self.require("generate")
         attempt = await self._open(req)
         assert attempt.events is not None
         outcome: Outcome | None = None
@@ -136,6 +155,17 @@ class ModelRouter:
 
     async def _open(self, req: GenerationRequest) -> _Attempt:
         """The first attempt that yields a first event (or ends cleanly), with fallbacks."""
+        async def first_event(attempt: _Attempt) -> None:
+            attempt.events = attempt.deployment.backend.generate(req)
+            attempt.first = await anext(attempt.events, None)
+
+        attempt, _ = await self._first(first_event)
+        return attempt
+
+    async def _first(self, run: Callable[[_Attempt], Awaitable[T]]) -> tuple[_Attempt, T]:
+        """The first attempt whose `run` succeeds, still in flight (the caller ends it), and
+        what it returned. A failure moves on to the next deployment, as does a busy refusal
+        (no cooldown); a client error ends the request."""
         tried: list[Deployment] = []
         failed: tuple[_Attempt, Exception] | None = None
         while True:
@@ -152,11 +182,10 @@ class ModelRouter:
             attempt = _Attempt(deployment, self._clock())
             deployment.in_flight += 1
             try:
-                attempt.events = deployment.backend.generate(req)
-                attempt.first = await anext(attempt.events, None)
+                result = await run(attempt)
                 if (listener := served_by.get()) is not None:
                     listener(deployment.name)
-                return attempt
+                return attempt, result
             except RETRYABLE as exc:
                 self._failed(deployment, exc)
                 failed = (attempt, exc)
@@ -171,6 +200,22 @@ class ModelRouter:
             except BaseException:  # cancelled: the client left
                 await self._end(attempt, None)
                 raise
+
+    # -- embeddings: one answer per call ----------------------------------------------
+
+    async def embed(self, req: EmbeddingRequest) -> Embeddings:
+        self.require("embed")
+        return await self.call(lambda backend: _embedder(backend).embed(req))
+
+    def count_embedding_tokens(self, req: EmbeddingRequest) -> int:
+        self.require("embed")
+        return _embedder(self.preferred().backend).count_embedding_tokens(req)
+
+    async def call(self, run: Callable[[Backend], Awaitable[T]]) -> T:
+        """`run(backend)` on a deployment, with the fallbacks of a generation's opening."""
+        attempt, result = await self._first(lambda attempt: run(attempt.deployment.backend))
+        await self._end(attempt, "success")
+        return result
 
     def _failed(self, deployment: Deployment, exc: Exception) -> None:
         if deployment.failed(self._clock(), self.policy, str(exc) or type(exc).__name__):
@@ -202,6 +247,7 @@ class ModelRouter:
         return min(self.deployments, key=lambda d: d.priority)
 
     def count_tokens(self, req: GenerationRequest) -> int:
+        self.require("generate")
         return self.preferred().backend.count_tokens(req)
 
     def tokenize(self, req: GenerationRequest) -> list[int]:
@@ -266,6 +312,13 @@ class ModelRouter:
             if drain is not None:
                 steps.extend(drain())
         return steps
+
+
+def _embedder(backend: Backend) -> EmbeddingBackend:
+    if not isinstance(backend, EmbeddingBackend):
+        raise RequestError(f"this deployment's backend ({type(backend).__name__}) cannot "
+                           "compute embeddings", code="unsupported_endpoint")
+    return backend
 
 
 def summed_stats(results: list[BackendStats]) -> BackendStats:

@@ -1,9 +1,9 @@
 """GET /v1/models and /v1/models/{id}, guarded.
 
 Every served model is listed, then each of its aliases as a card of its own (OpenAI's
-shape, plus `alias_of`: the model it points to, and `sampling_defaults`: what a request
-that omits them gets). Only models the caller's key may use are listed; retrieving another
-one is a 403, as using it would be.
+shape, plus `alias_of`: the model it points to, `sampling_defaults`: what a request that
+omits them gets, and `task`: generate or embed). Only models the caller's key may use are
+listed; retrieving another one is a 403, as using it would be.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ def _card(entry: ModelEntry, name: str, defaults: SamplingDefaults) -> dict[str,
     if name != entry.name:
         card["alias_of"] = entry.name
     card["sampling_defaults"] = defaults.report()
+    card["task"] = entry.task
     return card
 
 

@@ -172,6 +172,9 @@ class ModelCard(BaseModel):
     alias_of: str | None = Field(None, description="The model this alias names.")
     sampling_defaults: SamplingDefaultsCard | None = Field(
         None, description="The model's sampling defaults (ours; not known while it loads).")
+    task: Literal["generate", "embed"] | None = Field(
+        None, description="What the model serves (ours): generate (chat, completions) or "
+                          "embed (/v1/embeddings).")
 
 
 class ModelList(BaseModel):

@@ -25,7 +25,7 @@ from backends.base import GenerationRequest
 from gateway.body import parse_body, read_json
 from gateway.errors import bad_request
 from gateway.generation import Collected, gather_choices, stream, unless_disconnected
-from gateway.guard import GUARD, PromptTokens, admit, open_admitted
+from gateway.guard import GUARD, PromptTokens, admit, open_admitted, principal_of
 from gateway.limits import cap_output, check_openai_fields
 from gateway.middleware import set_model_label
 from gateway.openai import response_schema as answers
@@ -90,6 +90,9 @@ async def _prepare(request: Request, schema: type[Body]) -> tuple[GatewayState, 
     body.check()
     entry = resolve_model(state, request, body.model)
     set_model_label(request.scope, entry.name)
+    # A key learns a model's task only if it may use the model (403 first).
+    await state.access.authorize(principal_of(request), entry.name)
+    entry.router.require("generate")  # an embedding model: a 400 naming it and its task
     return state, body, entry
 
 

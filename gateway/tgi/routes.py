@@ -141,6 +141,7 @@ async def prepare(request: Request, *, stream: bool | None) -> tuple[Prepared, b
     entry = resolve_model(state, request)
     set_model_label(request.scope, entry.name)
     await state.access.authorize(principal_of(request), entry.name)
+    entry.router.require("generate")
     compat = stream is None  # POST /: TGI's compat route
     streamed = body.stream if compat else bool(stream)
     todo = plan(body, stream=streamed, full_text_default=compat)
@@ -244,4 +245,7 @@ async def info(request: Request) -> Response:
     body = info_body(model_info, version=request.app.version,
                      limits=state.settings.request_limits())
     body["sampling_defaults"] = effective(entry, model_info).report()  # ours, per model
+    body["task"] = entry.task  # ours: generate or embed
+    if entry.task == "embed":
+        body["model_pipeline_tag"] = "feature-extraction"
     return JSONResponse(body)
