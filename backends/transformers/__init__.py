@@ -1,4 +1,5 @@
-"""The transformers backend: Hugging Face `generate` on any model transformers loads.
+"""The transformers backend: Hugging Face `generate` on any model transformers loads, and
+encoder embedding models (task embed: BERT, XLM-R) pooled as sentence-transformers does.
 
 Importing this package is light (no torch); the factory imports the backend when called.
 """
@@ -20,6 +21,10 @@ def create_transformers_backend(spec: BackendSpec) -> Backend:
         options = TransformersOptions.from_mapping(spec.options)
     except (TypeError, ValueError) as e:
         raise ValueError(f"model {spec.name!r}: {e}") from None
+    if spec.task == "embed":  # an encoder (BERT, XLM-R) pooled into vectors
+        from backends.transformers.embedding_backend import TransformersEmbeddingBackend
+
+        return TransformersEmbeddingBackend(spec.model_id, options, served_name=spec.name)
     from backends.transformers.backend import TransformersBackend
 
     return TransformersBackend(spec.model_id, options, served_name=spec.name)
