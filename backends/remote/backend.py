@@ -9,6 +9,7 @@ Closing the event iterator closes the upstream response, so the upstream aborts 
 A request without `max_tokens` is sent with the room its prompt leaves in the window
 (`max_total_tokens` less the prompt as counted here): what the gateway reserved against the
 key's budget, so an upstream with a larger window cannot generate past the reservation.
+An embedding model's requests go to the upstream's /embeddings (backends/remote/embeddings.py).
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ from typing import Any
 import aiohttp
 
 from backends.base import GenerationEvent, GenerationRequest, RequestError
+from backends.embeddings import EmbeddingRequest, Embeddings
 from backends.remote.chunks import ChunkReader
 from backends.remote.client import UpstreamClient
+from backends.remote.embeddings import embedding_tokens, remote_embeddings
 from backends.remote.http import parse_json, sse_data, transport_errors
 from backends.remote.options import RemoteOptions
 from backends.remote.payload import build_payload
@@ -56,6 +59,16 @@ class RemoteBackend(UpstreamBackend):
         extra = super().info_extra()
         extra["usage_source"] = "upstream" if self._include_usage else self.counter.source
         return extra
+
+    async def embed(self, req: EmbeddingRequest) -> Embeddings:
+        self._in_flight += 1
+        try:
+            return await remote_embeddings(self.client, self.upstream_model, self.counter, req)
+        finally:
+            self._in_flight -= 1
+
+    def count_embedding_tokens(self, req: EmbeddingRequest) -> int:
+        return embedding_tokens(self.counter, req)
 
     async def _open(self, req: GenerationRequest) -> aiohttp.ClientResponse:
         path, body = build_payload(req, self.upstream_model, include_usage=self._include_usage)
