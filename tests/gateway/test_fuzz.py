@@ -41,11 +41,13 @@ from gateway.settings import Settings
 from tests.auth.conftest import RedisServer
 from tests.gateway.conftest import running_server
 from tests.gateway.echo_backend import EchoBackend
+from tests.gateway.echo_embedding import EchoEmbeddingBackend
 
 # Per operation: bounded and derandomized for CI; raise it to dig deeper.
 MAX_EXAMPLES = int(os.environ.get("SWITCHYARD_FUZZ_EXAMPLES", "25"))
 REQUEST_TIMEOUT_S = 10.0
 MODEL = "echo"
+EMBED_MODEL = "echo-embed"  # an embedding model: /v1/embeddings is aimed at it
 TGI_ROUTES = frozenset({"/generate", "/generate_stream", "/", "/info"})
 ADMIN_KEY = "sy-admin-" + secrets.token_urlsafe(32)
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
@@ -68,8 +70,9 @@ class Target:
 
 
 def _serve(settings: Settings) -> Iterator[str]:
-    backend = EchoBackend(name=MODEL, max_total_tokens=256)
-    with running_server(create_app(settings, backends={MODEL: backend})) as url:
+    backends = {MODEL: EchoBackend(name=MODEL, max_total_tokens=256),
+                EMBED_MODEL: EchoEmbeddingBackend(name=EMBED_MODEL)}
+    with running_server(create_app(settings, backends=backends)) as url:
         yield url
 
 
@@ -86,7 +89,8 @@ def keyed_url(redis_server: RedisServer) -> Iterator[str]:
 
 def _user_key(url: str) -> str:
     """An ordinary key for `echo`, with limits loose enough to fuzz under."""
-    response = httpx.post(f"{url}/admin/keys", json={"name": "fuzz", "models": [MODEL],
+    response = httpx.post(f"{url}/admin/keys", json={"name": "fuzz",
+                                                     "models": [MODEL, EMBED_MODEL],
                                                      "rpm": 100_000, "parallel": 8},
                           headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=10)
     assert response.status_code == 201, response.text
@@ -106,13 +110,19 @@ def target(request: pytest.FixtureRequest) -> Target:
     return Target(url, schema, headers)
 
 
-def _aim_at_the_model(case: Case) -> None:
-    """Half the model names (body or `x-model`) become the served one, so generation runs
-    (a random name is a 404)."""
+def _aim_at_the_model(case: Case, path: str) -> None:
+    """Half the model names (body or `x-model`) become the served one of the route's task,
+    so generation (or embedding) runs (a random name is a 404); a request that names none
+    gets the route's model in `x-model` (two models are served: none would be a 400)."""
+    model = EMBED_MODEL if path == "/v1/embeddings" else MODEL
+    named = False
     for holder, key in ((case.body, "model"), (case.headers, "x-model")):
-        if isinstance(holder, dict) and isinstance(holder.get(key), str) \
-                and len(holder[key]) % 2 == 0:
-            holder[key] = MODEL
+        if isinstance(holder, dict) and isinstance(holder.get(key), str):
+            named = True
+            if len(holder[key]) % 2 == 0:
+                holder[key] = model
+    if not named:
+        case.headers = {**(case.headers or {}), "x-model": model}
 
 
 def _error_shape(path: str, response: httpx.Response | Any) -> None:
@@ -145,7 +155,7 @@ def test_fuzz(target: Target, label: str) -> None:
     )
     @given(case=_strategy(target.schema, label))
     def run(case: Case) -> None:
-        _aim_at_the_model(case)
+        _aim_at_the_model(case, path)
         response = case.call(base_url=target.url, headers=target.headers,
                              timeout=REQUEST_TIMEOUT_S)
         case.validate_response(response, checks=CHECKS, headers=target.headers)
@@ -167,7 +177,7 @@ BASES = {"/v1/chat/completions": {"messages": [{"role": "user", "content": "hi"}
          "/v1/messages/count_tokens": {"messages": [{"role": "user", "content": "hi"}]},
          "/api/chat": {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
          "/api/generate": {"model": MODEL, "prompt": "hi"}, "/api/embed": {"model": MODEL},
-         "/api/show": {"model": MODEL}}
+         "/api/show": {"model": MODEL}, "/v1/embeddings": {"input": "hi"}}
 
 
 def _fields(document: dict[str, Any], schema: dict[str, Any]) -> Iterator[tuple[str, ...]]:
@@ -210,7 +220,9 @@ def test_hostile_json_is_a_4xx(setup: str, request: pytest.FixtureRequest) -> No
                 ref = operation["requestBody"]["content"]["application/json"]["schema"]["$ref"]
                 target = path.replace("{key_id}", key_id)
                 for body in _hostile_bodies(document, path, schemas[ref.rsplit("/", 1)[1]]):
-                    response = http.request(method, target, content=body.encode())
+                    model = EMBED_MODEL if path == "/v1/embeddings" else MODEL
+                    response = http.request(method, target, content=body.encode(),
+                                            headers={"x-model": model})
                     assert response.status_code < 500, (method, path, body, response.text)
                     _error_shape(path, response)
 
