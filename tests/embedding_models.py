@@ -60,7 +60,12 @@ def write_decoder_embedder(folder: Path, tokenizer_dir: Path, pooling: str | Non
     config = AutoConfig.for_model("qwen3", vocab_size=49152, bos_token_id=1, eos_token_id=2,
                                   **DECODER)
     torch.manual_seed(seed)
-    Qwen3Model(config).save_pretrained(folder, safe_serialization=True)
+    model = Qwen3Model(config)
+    with torch.no_grad():  # norms that are not all ones: a skipped final norm shows
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.normal_(1.0, 0.5)
+    model.save_pretrained(folder, safe_serialization=True)
     for item in tokenizer_dir.iterdir():
         shutil.copy(item, folder / item.name)
     if pooling is not None:

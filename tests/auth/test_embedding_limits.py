@@ -68,8 +68,7 @@ def test_the_allow_list_comes_before_the_task(url: str) -> None:
                                                                   "content": "x"}])
     embed_only = _client(url, create_key(url, name="embed-only", models=[EMBED])["key"])
     with pytest.raises(openai.PermissionDeniedError):
-        embed_only.chat.completions.create(model=CHAT, messages=[{"role": "user",
-                                                                  "content": "x"}])
+        embed_only.embeddings.create(model=CHAT, input="x")
 
 
 def test_a_client_gone_while_embedding_pays_its_inputs(url: str) -> None:
