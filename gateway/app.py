@@ -22,8 +22,8 @@ from gateway.admin.routes import router as admin_router
 from gateway.anthropic.routes import router as messages_router
 from gateway.browser_guard import BrowserGuardMiddleware, BrowserPolicy, listens_on_loopback
 from gateway.drain import Drain, DrainMiddleware
-from gateway.error_shapes import shaped_response
 from gateway.embeddings.routes import router as embeddings_router
+from gateway.error_shapes import shaped_response
 from gateway.errors import install_error_handlers
 from gateway.generation import ClientDisconnected
 from gateway.limits import BodyLimitMiddleware
