@@ -7,7 +7,7 @@ Installs are idempotent: a working vLLM venv and a built `llama-server` are reus
 
 from __future__ import annotations
 
-import glob
+import fcntl
 import os
 import signal
 import socket
@@ -24,6 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PEERS = ROOT / "bench" / ".peers"
 VLLM_VENV = PEERS / "vllm"
 SRC = PEERS / "src"
+LLAMA_CPP_PYTHON = "0.3.36"  # the sdist whose vendored llama.cpp is built
+LLAMA_TARGETS = ("llama-server", "llama-quantize")
 # pip may pull CUDA builds of these into the vLLM venv; they break `import transformers` there
 VLLM_BREAKERS = ("torchvision", "torchaudio", "torchcodec")
 # Runs the vendored convert_hf_to_gguf.py with three adaptations, patching no file: (1) it
@@ -149,36 +151,51 @@ def vllm_version(python: Path) -> str:
 # --- llama.cpp ---------------------------------------------------------------------------------
 
 def llama_sources() -> Path | None:
-    """The newest vendored llama.cpp from a llama-cpp-python sdist under bench/.peers/src."""
-    found = sorted(glob.glob(str(SRC / "llama_cpp_python-*" / "vendor" / "llama.cpp")))
-    return Path(found[-1]) if found else None
+    """The vendored llama.cpp of the pinned llama-cpp-python sdist under bench/.peers/src."""
+    source = SRC / f"llama_cpp_python-{LLAMA_CPP_PYTHON}" / "vendor" / "llama.cpp"
+    return source if source.is_dir() else None
 
 
 def install_llama_server(cores: int, log: Callable[[str], None] = print) -> Path:
     """`llama-server`, built with CMake from the llama.cpp vendored in llama-cpp-python's sdist
     (downloaded with pip) unless a build is there already."""
+    return install_llama_tool("llama-server", cores, log)
+
+
+def install_llama_tool(target: str, cores: int, log: Callable[[str], None] = print) -> Path:
+    """A llama.cpp program (`llama-server`, `llama-quantize`) from the vendored sources. A build
+    makes every program of LLAMA_TARGETS at once: they share the ggml and llama libraries, the
+    bulk of the compile. One build at a time (a lock): a second caller waits for the first."""
+    PEERS.mkdir(parents=True, exist_ok=True)
+    with open(PEERS / "llama_build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        source = llama_sources() or download_llama_sources(log)
+        binary = source / "build" / "bin" / target
+        if not binary.exists():
+            build_llama(source, cores, log)
+        return binary
+
+
+def download_llama_sources(log: Callable[[str], None]) -> Path:
+    log(f"downloading the llama-cpp-python {LLAMA_CPP_PYTHON} sdist into bench/.peers/src")
+    run_logged([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                f"llama-cpp-python=={LLAMA_CPP_PYTHON}", "-d", str(SRC)],
+               PEERS / "llama_build.log")
+    with tarfile.open(SRC / f"llama_cpp_python-{LLAMA_CPP_PYTHON}.tar.gz") as tar:
+        tar.extractall(SRC, filter="data")
     source = llama_sources()
-    if source is not None:
-        binary = source / "build" / "bin" / "llama-server"
-        if binary.exists():
-            return binary
-    logfile = PEERS / "llama_build.log"
     if source is None:
-        log("downloading the llama-cpp-python sdist into bench/.peers/src ...")
-        run_logged([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                    "llama-cpp-python", "-d", str(SRC)], logfile)
-        for archive in sorted(SRC.glob("llama_cpp_python-*.tar.gz")):
-            with tarfile.open(archive) as tar:
-                tar.extractall(SRC, filter="data")
-        source = llama_sources()
-        if source is None:
-            raise RuntimeError(f"no vendor/llama.cpp in the sdist under {SRC}")
-    log(f"building llama-server in {source}/build (several minutes) ...")
+        raise RuntimeError(f"no vendor/llama.cpp in the sdist under {SRC}")
+    return source
+
+
+def build_llama(source: Path, cores: int, log: Callable[[str], None]) -> None:
+    log(f"building {', '.join(LLAMA_TARGETS)} in {source}/build (several minutes) ...")
+    logfile = PEERS / "llama_build.log"
     run_logged(["cmake", "-B", "build", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
                 "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_TESTS=OFF"], logfile, cwd=source)
-    run_logged(["cmake", "--build", "build", "--target", "llama-server", "-j", str(cores)],
+    run_logged(["cmake", "--build", "build", "--target", *LLAMA_TARGETS, "-j", str(cores)],
                logfile, cwd=source)
-    return source / "build" / "bin" / "llama-server"
 
 
 def llama_version(binary: Path) -> str:
@@ -200,9 +217,24 @@ def convert_to_gguf(folder: Path, outtype: str, out: Path, vocab_size: int,
     if source is None:
         raise RuntimeError("no llama.cpp sources: install_llama_server first")
     logfile = out.with_suffix(".convert.log")
+    partial = out.with_name(out.name + ".partial")  # a run cut short leaves no `out` behind
     run_logged([sys.executable, "-c", CONVERT_DRIVER, str(source / "convert_hf_to_gguf.py"),
                 str(vocab_size), fallback_pre, str(folder), "--outtype", outtype,
-                "--outfile", str(out)], logfile)
+                "--outfile", str(partial)], logfile)
+    partial.replace(out)
+    return out
+
+
+def quantize_gguf(source: Path, qtype: str, out: Path, threads: int) -> Path:
+    """`source` quantized to `qtype` (`Q8_0`, `Q4_K_M`, ...) by llama.cpp's `llama-quantize`,
+    with its default per-tensor choices (a k-quant mix keeps some tensors at more bits)."""
+    if out.exists():
+        return out
+    binary = install_llama_tool("llama-quantize", os.cpu_count() or 1)
+    partial = out.with_name(out.name + ".partial")
+    run_logged([str(binary), str(source), str(partial), qtype, str(threads)],
+               out.with_suffix(".quantize.log"))
+    partial.replace(out)
     return out
 
 
