@@ -53,6 +53,7 @@ from bench.common import (  # noqa: E402
 )
 from bench.compare_table import LABELS, Figures, combine_rounds, round_ratios, table  # noqa: E402
 from bench.http_load import LoadError, Prompt, run_load  # noqa: E402
+from bench.quiet_gate import LoadMeter, quiet_gate  # noqa: E402
 
 ENGINES = ("switchyard", "vllm", "llama")
 WORKLOADS = ("w1", "default", "shared", "long")
@@ -80,9 +81,6 @@ class Run:
     def key(self) -> str:
         return f"{self.workload} x{self.concurrency}"
 
-    def engines(self, chosen: list[str]) -> list[str]:
-        return [e for e in chosen if not (self.model == "default" and e == "vllm")]
-
     def describe(self) -> str:
         sizes = sorted({len(p) if isinstance(p, list) else -1 for p in self.prompts})
         shape = "text" if sizes == [-1] else "/".join(map(str, sizes)) + "-token"
@@ -92,14 +90,26 @@ class Run:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", default=",".join(ENGINES),
-                        help="engines, comma-separated: switchyard,vllm,llama")
+    add_shared_args(parser)
     parser.add_argument("--workloads", default=None,
                         help="comma-separated: w1,default,shared,long (default: all; "
                              "--quick: w1,default)")
     parser.add_argument("--quick", action="store_true",
                         help="small runs: W1 16 requests x 16 streams, 16 new tokens; default "
                              "model 4 requests at 1 stream")
+    args = parser.parse_args(argv)
+    args.engines = parse_list(args.only, ENGINES, "--only")
+    args.workload_names = parse_list(
+        args.workloads or ("w1,default" if args.quick else ",".join(WORKLOADS)), WORKLOADS,
+        "--workloads")
+    return args
+
+
+def add_shared_args(parser: argparse.ArgumentParser) -> None:
+    """The flags of every side-by-side bench: engines, threads, dtype, the quiet gate, rounds,
+    logs and JSON (`run_round` and `run_engine` read them)."""
+    parser.add_argument("--only", default=",".join(ENGINES),
+                        help="engines, comma-separated: switchyard,vllm,llama")
     parser.add_argument("--threads", type=int, default=2, help="threads of every engine")
     parser.add_argument("--dtype", choices=("auto", "bfloat16", "float32", "float16"),
                         default="auto", help="every engine's compute dtype (auto: Switchyard's "
@@ -123,12 +133,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--retries", type=int, default=2,
                         help="times a row is run again when other load exceeded the threshold "
                              "while it ran")
-    args = parser.parse_args(argv)
-    args.engines = parse_list(args.only, ENGINES, "--only")
-    args.workload_names = parse_list(
-        args.workloads or ("w1,default" if args.quick else ",".join(WORKLOADS)), WORKLOADS,
-        "--workloads")
-    return args
 
 
 def parse_list(text: str, allowed: tuple[str, ...], flag: str) -> list[str]:
@@ -197,6 +201,10 @@ class ModelFiles:
     gguf: Path  # llama-server (and Switchyard for the default model)
     switchyard: str  # Switchyard's --model-id
 
+    def serves(self, engine: str) -> bool:
+        """Whether `engine` has something to load: vLLM needs the folder."""
+        return engine != "vllm" or self.hf is not None
+
 
 def switchyard_cmd(model: ModelFiles, port: int, args: argparse.Namespace, dtype: str,
                    ) -> tuple[list[str], dict[str, str]]:
@@ -256,80 +264,6 @@ def start_engine(engine: str, model: ModelFiles, runs: list[Run], args: argparse
         server.stop()
         raise
     return server
-
-
-# --- the quiet gate -------------------------------------------------------------------------------
-
-def cpu_ticks() -> tuple[int, int]:
-    """(busy, total) jiffies of the whole machine, from /proc/stat."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    idle = fields[3] + fields[4]  # idle + iowait
-    total = sum(fields[:8])  # guest time is already in user
-    return total - idle, total
-
-
-def group_ticks(pgid: int) -> int:
-    """utime + stime of every process in process group `pgid` (a server and its children)."""
-    ticks = 0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        fields = text[text.rindex(")") + 2:].split()
-        if int(fields[2]) == pgid:  # pgrp
-            ticks += int(fields[11]) + int(fields[12])
-    return ticks
-
-
-def sample_load(pgid: int | None, seconds: float = 2.0) -> tuple[float, float]:
-    """(other load, the server's own load) in % of the machine over `seconds`."""
-    busy0, total0 = cpu_ticks()
-    own0 = group_ticks(pgid) if pgid else 0
-    time.sleep(seconds)
-    busy1, total1 = cpu_ticks()
-    own1 = group_ticks(pgid) if pgid else 0
-    total = max(total1 - total0, 1)
-    own = 100 * (own1 - own0) / total
-    return max(100 * (busy1 - busy0) / total - own, 0.0), own
-
-
-class LoadMeter:
-    """Other processes' share of the machine between construction and `other_pct()`: the
-    machine's busy time minus the server's process group and this bench's own group."""
-
-    def __init__(self, server_pgid: int) -> None:
-        self.pgids = (server_pgid, os.getpgrp())
-        self.start = self._snapshot()
-
-    def _snapshot(self) -> tuple[int, int, int]:
-        busy, total = cpu_ticks()
-        return busy, total, sum(group_ticks(g) for g in self.pgids)
-
-    def other_pct(self) -> float:
-        busy, total, ours = (b - a for a, b in zip(self.start, self._snapshot(), strict=True))
-        return max(100 * (busy - ours) / max(total, 1), 0.0)
-
-
-def quiet_gate(server: peers.Server, args: argparse.Namespace) -> dict[str, float]:
-    """Wait until the load of everything but this server is under the threshold."""
-    start = time.monotonic()
-    shown = -60.0
-    while True:
-        other, own = sample_load(server.proc.pid)
-        waited = time.monotonic() - start
-        quiet = args.no_quiet_gate or other < args.quiet_threshold
-        if quiet or waited - shown >= 30:  # the first sample, then one line every 30 s
-            shown = waited
-            print(f"  quiet gate: other load {other:.1f}% (threshold "
-                  f"{args.quiet_threshold:.0f}%{', off' if args.no_quiet_gate else ''}), idle "
-                  f"{LABELS[server.name]} {own:.1f}%, waited {waited:.0f} s", flush=True)
-        if quiet:
-            return {"other_load_pct": other, "server_idle_pct": own, "waited_s": waited}
-        if waited > args.quiet_timeout:
-            raise SystemExit(f"the machine stayed busy ({other:.1f}% other load) for "
-                             f"{args.quiet_timeout:.0f} s: rerun later or pass --no-quiet-gate")
-        time.sleep(1)
 
 
 # --- running --------------------------------------------------------------------------------------
@@ -502,9 +436,8 @@ def run_round(index: int, runs: list[Run], models: dict[str, ModelFiles],
               + ", ".join(LABELS[e] for e in order), flush=True)
     for engine in order:
         for model_name, model in models.items():
-            mine = [r for r in runs if r.model == model_name and engine in
-                    r.engines(args.engines)]
-            if mine:
+            mine = [r for r in runs if r.model == model_name]
+            if mine and model.serves(engine):
                 run_engine(engine, model, mine, args, dtype, logs, figures, record)
     return figures
 
