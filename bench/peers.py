@@ -15,7 +15,8 @@ import subprocess
 import sys
 import tarfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -166,14 +167,30 @@ def install_llama_tool(target: str, cores: int, log: Callable[[str], None] = pri
     """A llama.cpp program (`llama-server`, `llama-quantize`) from the vendored sources. A build
     makes every program of LLAMA_TARGETS at once: they share the ggml and llama libraries, the
     bulk of the compile. One build at a time (a lock): a second caller waits for the first."""
+    with llama_lock():
+        source = llama_sources() or download_llama_sources(log)
+        binary = source / "build" / "bin" / target
+        stamp = source / "build" / "switchyard-configure.txt"
+        configure = " ".join(llama_configure())
+        if not binary.exists() or not stamp.exists() or stamp.read_text() != configure:
+            build_llama(source, cores, log)
+            stamp.write_text(configure)
+        return binary
+
+
+def llama_source_tree(log: Callable[[str], None] = print) -> Path:
+    """The vendored llama.cpp sources (downloaded unless there), with nothing built."""
+    with llama_lock():
+        return llama_sources() or download_llama_sources(log)
+
+
+@contextmanager
+def llama_lock() -> Iterator[None]:
+    """One download or build of llama.cpp at a time; a second caller waits for the first."""
     PEERS.mkdir(parents=True, exist_ok=True)
     with open(PEERS / "llama_build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        source = llama_sources() or download_llama_sources(log)
-        binary = source / "build" / "bin" / target
-        if not binary.exists():
-            build_llama(source, cores, log)
-        return binary
+        yield
 
 
 def download_llama_sources(log: Callable[[str], None]) -> Path:
@@ -189,11 +206,31 @@ def download_llama_sources(log: Callable[[str], None]) -> Path:
     return source
 
 
+def llama_configure() -> list[str]:
+    """The CMake configure command: native code, Release. Where the CPU has AMX, without
+    ggml's AMX path, which in this llama.cpp faults (SIGILL at `tilezero`) on the first
+    quantized matmul (a known llama.cpp bug: the compiler drops the tile configuration it
+    builds on the stack), so that llama-server runs Q8_0 / Q4_K files at all. GCC's explicit
+    `-mno-amx-*` win over `-march=native`."""
+    flags = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" if "amx_int8" in cpu_flags() else ""
+    return ["cmake", "-B", "build", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
+            "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_TESTS=OFF",
+            f"-DCMAKE_C_FLAGS={flags}", f"-DCMAKE_CXX_FLAGS={flags}"]
+
+
+def cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    line = next((x for x in text.splitlines() if x.startswith("flags")), "")
+    return set(line.partition(":")[2].split())
+
+
 def build_llama(source: Path, cores: int, log: Callable[[str], None]) -> None:
     log(f"building {', '.join(LLAMA_TARGETS)} in {source}/build (several minutes) ...")
     logfile = PEERS / "llama_build.log"
-    run_logged(["cmake", "-B", "build", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
-                "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_TESTS=OFF"], logfile, cwd=source)
+    run_logged(llama_configure(), logfile, cwd=source)
     run_logged(["cmake", "--build", "build", "--target", *LLAMA_TARGETS, "-j", str(cores)],
                logfile, cwd=source)
 
@@ -202,8 +239,7 @@ def llama_version(binary: Path) -> str:
     out = subprocess.run([str(binary), "--version"], capture_output=True, text=True)
     lines = (out.stdout + out.stderr).splitlines()
     version = next((line for line in lines if line.startswith("version")), "unknown")
-    sdist = binary.parents[3].name  # llama_cpp_python-X.Y.Z
-    return f"{version} ({sdist})"
+    return f"{version} (llama-cpp-python {LLAMA_CPP_PYTHON})"
 
 
 def convert_to_gguf(folder: Path, outtype: str, out: Path, vocab_size: int,
@@ -213,9 +249,7 @@ def convert_to_gguf(folder: Path, outtype: str, out: Path, vocab_size: int,
     to the model's `vocab_size`; an unrecognized pre-tokenizer hash becomes `fallback_pre`."""
     if out.exists():
         return out
-    source = llama_sources()
-    if source is None:
-        raise RuntimeError("no llama.cpp sources: install_llama_server first")
+    source = llama_source_tree()
     logfile = out.with_suffix(".convert.log")
     partial = out.with_name(out.name + ".partial")  # a run cut short leaves no `out` behind
     run_logged([sys.executable, "-c", CONVERT_DRIVER, str(source / "convert_hf_to_gguf.py"),
