@@ -31,6 +31,9 @@ class EmbeddingRequest:
     # Keep the first `dimensions` values of each vector and renormalise (None: all of them).
     dimensions: int | None = None
     user: str | None = None  # the client's end-user id (passed to an upstream)
+    # Cut an input longer than the model takes to its first tokens rather than refuse it
+    # (Ollama's `truncate`); a remote upstream applies its own rule.
+    truncate: bool = False
 
 
 @dataclass(frozen=True)
@@ -87,10 +90,11 @@ def truncated(vectors: np.ndarray, dimensions: int | None) -> np.ndarray:
 
 def input_ids(
     inputs: Sequence[EmbeddingInput], encode: Callable[[str], list[int]], *, vocab_size: int,
-    max_input_tokens: int,
+    max_input_tokens: int, truncate: bool = False,
 ) -> list[list[int]]:
     """Each input's token ids (texts through `encode`), or a RequestError naming the first
-    input that cannot run: empty, ids outside the vocabulary, longer than the model takes."""
+    input that cannot run: empty, ids outside the vocabulary, longer than the model takes
+    (with `truncate`, such an input is cut to its first `max_input_tokens` tokens instead)."""
     out: list[list[int]] = []
     for index, item in enumerate(inputs):
         ids = encode(item) if isinstance(item, str) else list(item)
@@ -101,7 +105,9 @@ def input_ids(
         if any(not 0 <= t < vocab_size for t in ids):
             raise RequestError(f"{where} has token ids outside the vocabulary (0 to "
                                f"{vocab_size - 1})", param=where, code="invalid_value")
-        if len(ids) > max_input_tokens:
+        if len(ids) > max_input_tokens and truncate:
+            ids = ids[:max_input_tokens]
+        elif len(ids) > max_input_tokens:
             raise RequestError(
                 f"{where} has {len(ids)} tokens, more than this model's maximum input of "
                 f"{max_input_tokens} tokens; shorten or split it", param=where,

@@ -83,7 +83,8 @@ class NativeEmbeddingBackend(NativeBackend):
         loaded = self._ready_engine().loaded
         vocab = max(loaded.tokenizer.vocab_size, loaded.hf_config.vocab_size)
         return input_ids(req.inputs, loaded.tokenizer.encode, vocab_size=vocab,
-                         max_input_tokens=loaded.max_input_tokens)
+                         max_input_tokens=loaded.max_input_tokens,
+                         truncate=req.truncate)
 
     async def embed(self, req: EmbeddingRequest) -> Embeddings:
         arrival = time.monotonic()

@@ -117,7 +117,8 @@ class TransformersEmbeddingBackend:
     def _input_ids(self, req: EmbeddingRequest) -> list[list[int]]:
         loaded = self._ready()
         return input_ids(req.inputs, loaded.encode, vocab_size=loaded.vocab_size,
-                         max_input_tokens=loaded.max_input_tokens)
+                         max_input_tokens=loaded.max_input_tokens,
+                         truncate=req.truncate)
 
     def count_embedding_tokens(self, req: EmbeddingRequest) -> int:
         return sum(len(ids) for ids in self._input_ids(req))

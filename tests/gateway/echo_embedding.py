@@ -72,7 +72,8 @@ class EchoEmbeddingBackend:
 
     def _ids(self, req: EmbeddingRequest) -> list[list[int]]:
         return input_ids(req.inputs, lambda text: words(text, self.vocab_size),
-                         vocab_size=self.vocab_size, max_input_tokens=self.max_input_tokens)
+                         vocab_size=self.vocab_size, max_input_tokens=self.max_input_tokens,
+                         truncate=req.truncate)
 
     def count_embedding_tokens(self, req: EmbeddingRequest) -> int:
         return sum(len(ids) for ids in self._ids(req))
