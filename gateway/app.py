@@ -32,6 +32,7 @@ from gateway.middleware import CLIENT_CLOSED, MetricsMiddleware, set_status_labe
 from gateway.models_file import DeploymentPlan, ModelPlan
 from gateway.ollama.catalog import open_router as ollama_open_router
 from gateway.ollama.catalog import router as ollama_models_router
+from gateway.ollama.embed import router as ollama_embed_router
 from gateway.ollama.routes import router as ollama_router
 from gateway.openai.models import router as models_router
 from gateway.openai.routes import router as openai_router
@@ -220,6 +221,7 @@ def create_app(
     app.include_router(messages_router)
     app.include_router(responses_router)
     app.include_router(ollama_router)
+    app.include_router(ollama_embed_router)
     app.include_router(ollama_models_router)
     app.include_router(ollama_open_router)
     app.include_router(embeddings_router)

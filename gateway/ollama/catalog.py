@@ -9,7 +9,9 @@ the parameter count, the quantization (or the dtype, as F32 / BF16 / F16), the w
 bytes as the size; a remote model tells none of it, and answers with empty details. The
 digest is a stable hash of the served name and checkpoint, not of the weights' bytes;
 there is no Modelfile, so /api/show answers its model's details, chat template, sampling
-defaults as `parameters`, and capabilities.
+defaults as `parameters`, and capabilities: `["embedding"]` for an embedding model (task
+`embed`), else completion and tools (and thinking); /api/tags and /api/ps list each model's
+capabilities too, so a client can tell an embedding model from the listing.
 """
 
 from __future__ import annotations
@@ -101,10 +103,17 @@ def _digest(entry: ModelEntry, info: ModelInfo | None) -> str:
     return hashlib.sha256(f"{entry.name}\n{checkpoint}".encode()).hexdigest()
 
 
+def capabilities(entry: ModelEntry, facts: Facts) -> list[str]:
+    if entry.router.task == "embed":
+        return ["embedding"]
+    return ["completion", "tools", *(["thinking"] if facts.thinking else [])]
+
+
 def _card(entry: ModelEntry, name: str, info: ModelInfo | None) -> JSON:
     facts = Facts.of(info)
     return {"name": tagged(name), "model": tagged(name), "modified_at": _stamp(entry.created),
-            "size": facts.size, "digest": _digest(entry, info), "details": facts.details()}
+            "size": facts.size, "digest": _digest(entry, info), "details": facts.details(),
+            "capabilities": capabilities(entry, facts)}
 
 
 def _usable(request: Request) -> list[ModelEntry]:
@@ -166,11 +175,11 @@ async def show(request: Request) -> JSONResponse:
         model_info_[f"{facts.family}.context_length"] = facts.context_length
     if facts.parameters:
         model_info_["general.parameter_count"] = facts.parameters
-    capabilities = ["completion", "tools", *(["thinking"] if facts.thinking else [])]
     return JSONResponse({
         "modified_at": _stamp(entry.created), "details": facts.details(),
         "model_info": model_info_, "template": (info.chat_template if info else None) or "",
-        "parameters": _parameters(entry, info), "capabilities": capabilities})
+        "parameters": _parameters(entry, info),
+        "capabilities": capabilities(entry, facts)})
 
 
 @open_router.get("/api/version", **documented(

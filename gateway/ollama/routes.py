@@ -1,4 +1,4 @@
-"""POST /api/chat, /api/generate and /api/embed: Ollama's generation API.
+"""POST /api/chat and /api/generate: Ollama's generation API (embeddings: embed.py).
 
 A request is translated (translate.py) into the chat completions body, or for a raw
 /api/generate the completions body, and takes that route's path (gateway/translated_chat.py):
@@ -33,7 +33,7 @@ from gateway.openai.responses import (
     completion_meta,
 )
 from gateway.openai.sampling import completion_request, new_request_id
-from gateway.openapi import COMMON_ERRORS, GENERATION_ERRORS, Answer, documented
+from gateway.openapi import GENERATION_ERRORS, Answer, documented
 from gateway.sampling_defaults import effective, model_info
 from gateway.state import gateway_state
 from gateway.translated_chat import admitted, constraint_named, prepare_chat
@@ -50,6 +50,15 @@ def _docs(answer: type[schema.BaseModel], body: type[schema.BaseModel]) -> dict[
                model=answer, lines=answer),
         body=body, errors=GENERATION_ERRORS, error=schema.OllamaErrorResponse,
         model_header=True)
+
+
+async def _generating(request: Request, entry: ModelEntry, name: str) -> ModelEntry:
+    """`entry`, unless it is an embedding model (a 400, once the key may know of it)."""
+    if entry.router.task == "embed":
+        await gateway_state(request).access.authorize(principal_of(request), entry.name)
+        raise bad_request(f'model "{name}" is an embedding model: it does not generate text '
+                          "(use /api/embed)", "model", "model_task_mismatch")
+    return entry
 
 
 async def _loaded(request: Request, entry: ModelEntry, shape: Shape) -> JSONResponse:
@@ -87,7 +96,7 @@ async def chat(request: Request) -> Response:
     data = await read_json(request)
     check_fields(data, state.settings.request_limits())
     body = parse_body(data, schema.OllamaChatRequest)
-    entry = served_model(state, request, body.model)
+    entry = await _generating(request, served_model(state, request, body.model), body.model)
     shape = Shape(body.model, chat=True)
     if not body.messages:
         return await _loaded(request, entry, shape)
@@ -105,7 +114,7 @@ async def generate(request: Request) -> Response:
     data = await read_json(request)
     check_fields(data, state.settings.request_limits())
     body = parse_body(data, schema.OllamaGenerateRequest)
-    entry = served_model(state, request, body.model)
+    entry = await _generating(request, served_model(state, request, body.model), body.model)
     shape = Shape(body.model, chat=False)
     translated = generate_body(body)
     if not body.prompt and not body.system:
@@ -124,20 +133,3 @@ async def generate(request: Request) -> Response:
                                    _FORMAT)
     formatter = CompletionFormatter(completion_meta(entry.name), ResponseOptions())
     return await _answer(request, entry, formatter, gen_request, shape, clock, body.stream)
-
-
-@router.post("/api/embed", **documented(
-    Answer(200, "Embeddings, once an embedding model is served; none is yet: every served "
-           "model is answered 400, as not an embedding model.", model=schema.OllamaEmbedResponse),
-    body=schema.OllamaEmbedRequest, errors=COMMON_ERRORS, error=schema.OllamaErrorResponse,
-    model_header=True))
-async def embed(request: Request) -> Response:
-    """No embedding model is served yet: a served model is answered as not one (400)."""
-    body = parse_body(await read_json(request), schema.OllamaEmbedRequest)
-    state = gateway_state(request)
-    entry = served_model(state, request, body.model)
-    set_model_label(request.scope, entry.name)
-    await state.access.authorize(principal_of(request), entry.name)
-    raise bad_request(f'model "{body.model}" is not an embedding model: it generates text, '
-                      "and this server serves no embeddings for it", "model",
-                      "unsupported_model")

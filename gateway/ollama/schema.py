@@ -127,11 +127,23 @@ class OllamaGenerateRequest(_Generating):
 
 class OllamaEmbedRequest(_Strict):
     model: str = Field(min_length=1)
-    input: str | list[str] = ""
-    truncate: bool | None = None
-    options: dict[str, Any] | None = None
+    input: str | list[str] = Field("", description=(
+        "A text or a list of texts (at most --max-embedding-inputs); none loads the model."))
+    truncate: bool | None = Field(None, description=(
+        "true (the default): an input longer than the model takes is cut to fit; false: a 400."))
+    options: dict[str, Any] | None = Field(None, description="Accepted and ignored.")
     keep_alive: str | float | None = _KEEP_ALIVE
-    dimensions: int | None = None
+    dimensions: int | None = Field(None, ge=1, description=(
+        "Keep the first N values and renormalise (models that normalise their vectors)."))
+
+
+class OllamaEmbeddingsRequest(_Strict):
+    """The older /api/embeddings: one prompt, cut to fit when too long."""
+
+    model: str = Field(min_length=1)
+    prompt: str = Field("", description="The text; none loads the model.")
+    options: dict[str, Any] | None = Field(None, description="Accepted and ignored.")
+    keep_alive: str | float | None = _KEEP_ALIVE
 
 
 class OllamaShowRequest(_Strict):
@@ -202,6 +214,8 @@ class OllamaModel(BaseModel):
     size: int
     digest: str
     details: OllamaDetails
+    capabilities: list[str] | None = Field(None, description=(
+        '["embedding"] for an embedding model, else completion and tools (and thinking).'))
 
 
 class OllamaTags(BaseModel):
@@ -234,6 +248,13 @@ class OllamaVersion(BaseModel):
 class OllamaEmbedResponse(BaseModel):
     model: str
     embeddings: list[list[float]]
+    total_duration: int | None = Field(None, description="Nanoseconds.")
+    load_duration: int | None = Field(None, description="0: models stay loaded.")
+    prompt_eval_count: int | None = Field(None, description="The inputs' tokens, summed.")
+
+
+class OllamaEmbeddingsResponse(BaseModel):
+    embedding: list[float]
 
 
 class OllamaErrorResponse(BaseModel):

@@ -47,7 +47,8 @@ from tests.gateway.echo_embedding import EchoEmbeddingBackend
 MAX_EXAMPLES = int(os.environ.get("SWITCHYARD_FUZZ_EXAMPLES", "25"))
 REQUEST_TIMEOUT_S = 10.0
 MODEL = "echo"
-EMBED_MODEL = "echo-embed"  # an embedding model: /v1/embeddings is aimed at it
+EMBED_MODEL = "echo-embed"  # an embedding model: the embedding routes are aimed at it
+EMBEDDING_PATHS = ("/v1/embeddings", "/api/embed", "/api/embeddings")
 TGI_ROUTES = frozenset({"/generate", "/generate_stream", "/", "/info"})
 ADMIN_KEY = "sy-admin-" + secrets.token_urlsafe(32)
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
@@ -114,7 +115,7 @@ def _aim_at_the_model(case: Case, path: str) -> None:
     """Half the model names (body or `x-model`) become the served one of the route's task,
     so generation (or embedding) runs (a random name is a 404); a request that names none
     gets the route's model in `x-model` (two models are served: none would be a 400)."""
-    model = EMBED_MODEL if path == "/v1/embeddings" else MODEL
+    model = EMBED_MODEL if path in EMBEDDING_PATHS else MODEL
     named = False
     for holder, key in ((case.body, "model"), (case.headers, "x-model")):
         if isinstance(holder, dict) and isinstance(holder.get(key), str):
@@ -176,7 +177,9 @@ BASES = {"/v1/chat/completions": {"messages": [{"role": "user", "content": "hi"}
          "/v1/messages": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
          "/v1/messages/count_tokens": {"messages": [{"role": "user", "content": "hi"}]},
          "/api/chat": {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
-         "/api/generate": {"model": MODEL, "prompt": "hi"}, "/api/embed": {"model": MODEL},
+         "/api/generate": {"model": MODEL, "prompt": "hi"},
+         "/api/embed": {"model": EMBED_MODEL, "input": "hi"},
+         "/api/embeddings": {"model": EMBED_MODEL, "prompt": "hi"},
          "/api/show": {"model": MODEL}, "/v1/embeddings": {"input": "hi"}}
 
 
@@ -220,7 +223,7 @@ def test_hostile_json_is_a_4xx(setup: str, request: pytest.FixtureRequest) -> No
                 ref = operation["requestBody"]["content"]["application/json"]["schema"]["$ref"]
                 target = path.replace("{key_id}", key_id)
                 for body in _hostile_bodies(document, path, schemas[ref.rsplit("/", 1)[1]]):
-                    model = EMBED_MODEL if path == "/v1/embeddings" else MODEL
+                    model = EMBED_MODEL if path in EMBEDDING_PATHS else MODEL
                     response = http.request(method, target, content=body.encode(),
                                             headers={"x-model": model})
                     assert response.status_code < 500, (method, path, body, response.text)
