@@ -24,7 +24,9 @@ def test_models_list(client: openai.OpenAI) -> None:
 def test_models_raw_shape(http: httpx.Client) -> None:
     body = http.get("/v1/models").json()
     assert body["object"] == "list"
-    assert set(body["data"][0]) == {"id", "object", "created", "owned_by", "sampling_defaults"}
+    assert set(body["data"][0]) == {"id", "object", "created", "owned_by", "sampling_defaults",
+                                    "task"}
+    assert body["data"][0]["task"] == "generate"
     assert body["data"][0]["sampling_defaults"] == {}  # an echo model has no defaults
 
 

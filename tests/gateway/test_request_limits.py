@@ -123,7 +123,7 @@ def test_info_reports_the_limits(gateway: GatewayProcess) -> None:
     assert info["max_stop_sequences"] == 2
     assert info["request_limits"] == {
         "max_request_body_bytes": 65536, "max_messages": 8, "max_stop_sequences": 2,
-        "max_stop_length": 16, "max_output_tokens": 40}
+        "max_stop_length": 16, "max_output_tokens": 40, "max_embedding_inputs": 2048}
 
 
 def test_defaults_and_flags(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -135,9 +135,10 @@ def test_defaults_and_flags(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
     assert Settings().shutdown_timeout == 30
     args = build_parser().parse_args([
         "serve", "--payload-limit", "2MiB", "--max-messages", "10", "--max-stop-sequences", "6",
-        "--max-stop-length", "100", "--max-output-tokens", "256", "--shutdown-timeout", "5"])
+        "--max-stop-length", "100", "--max-output-tokens", "256", "--max-embedding-inputs", "7",
+        "--shutdown-timeout", "5"])
     settings = settings_from_args(args)
     assert settings.request_limits().report() == {
         "max_request_body_bytes": 2 * 1024**2, "max_messages": 10, "max_stop_sequences": 6,
-        "max_stop_length": 100, "max_output_tokens": 256}
+        "max_stop_length": 100, "max_output_tokens": 256, "max_embedding_inputs": 7}
     assert settings.shutdown_timeout == 5
