@@ -1,7 +1,8 @@
-"""The default model's Q8_0 lm_head (49152 x 576, tied to token_embd): our 8-bit AVX2 kernel
-(`Q8Linear`) against the two int4 halves `q4_mm` runs otherwise, alternating in one process,
-with the weight read from memory each call (a 64 MB buffer is written between calls). Prints
-the median ms of each, their ratio, and each one's max error against the float64 product.
+"""The default model's Q8_0 lm_head (49152 x 576, tied to token_embd): our 8-bit kernel
+(`Q8Linear`, AVX2 or AVX-512 VNNI) against the two int4 halves `q4_mm` runs otherwise,
+alternating in one process, with the weight read from memory each call (a 64 MB buffer is
+written between calls). Prints the median ms of each, their ratio, and each one's max error
+against the float64 product.
 
     .venv/bin/python -m bench.q8_lm_head [--threads 2] [--rows 1 16 64] [--rounds 15]
 """
@@ -54,7 +55,7 @@ def main() -> None:
     print(facts_line(machine_facts("float32", args.threads)))
     cpu = torch.device("cpu")
     if not q8_linear.available(cpu, torch.float32):
-        sys.exit("the Q8_0 kernel runs only where our kernels run their AVX2 code")
+        sys.exit("the Q8_0 kernel runs only where our kernels run (AVX2 or AVX-512 VNNI)")
     reader = open_gguf(default_model_path())
     raw = raw_tensor(next(t for t in reader.tensors if t.name == "token_embd.weight"))
     q, scale = q8_0_values(raw)

@@ -4,11 +4,14 @@ process:
 
     switchyard_cpu::q4_mm             int8_dot.cpp: 4-bit weights x int8 inputs
     switchyard_cpu::q8_mm             q8_dot.cpp: 8-bit weights (GGUF Q8_0) x int16 inputs
+    switchyard_cpu::q8_dequantize     the same weights as a dense [N, K]
     switchyard_cpu::kquant_mm         kquant_dot.cpp: GGUF Q5_0 / Q5_1 / Q5_K / Q6_K as stored
     switchyard_cpu::kquant_dequantize  the same blocks as a dense [N, K]
     switchyard_cpu::kquant_pack / kquant_packed_mm / kquant_packed_dequantize: the same types
                                       repacked once at load for the SIMD lanes (KQuantLinear)
     switchyard_cpu::q4_dequantize_kn  int4_dequant.cpp: the same weights as a dense [K, N]
+    switchyard_cpu::q4_dense_mm / kquant_dense_mm / q8_dense_mm  prefill's products, the
+                                      weight dequantized a slice at a time (dense_slices.h)
     switchyard_cpu::paged_decode_attention  paged_attention.cpp: decode rows over KV blocks
     switchyard_cpu::paged_prefill_attention  prefill_attention.cpp: a prompt chunk, causal
     switchyard_cpu::prepacked_linear  prepacked_linear.cpp: cpu_linear.py's oneDNN call
@@ -87,7 +90,8 @@ OPTIONAL_ISA = {Path(__file__).with_name(name): ("avx512-vnni", "avx512_bf16", "
                              "bf16_decode_layers.cpp", "moe_block.cpp")}
 HEADERS = (Path(__file__).with_name("simd.h"),
            Path(__file__).with_name("kernel_entry_points.h"),
-           Path(__file__).with_name("work_shares.h"))
+           Path(__file__).with_name("work_shares.h"),
+           Path(__file__).with_name("dense_slices.h"))
 VARIANTS = {
     "avx512-vnni": ("-DSWITCHYARD_VNNI", "-mavx512f", "-mavx512bw", "-mavx512vl",
                     "-mavx512vnni", "-mfma", "-mf16c"),
@@ -320,6 +324,25 @@ def _register_fake() -> None:
     @torch.library.register_fake("switchyard_cpu::q8_mm")
     def _q8_mm(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
         return x.new_empty(x.shape[0], packed.shape[0] * 16)
+
+    @torch.library.register_fake("switchyard_cpu::q8_dequantize")
+    def _q8_dequantize(packed: torch.Tensor, scales: torch.Tensor,
+                       dtype: torch.dtype) -> torch.Tensor:
+        return packed.new_empty(packed.shape[0] * 16, packed.shape[1] * 4, dtype=dtype)
+
+    @torch.library.register_fake("switchyard_cpu::q8_dense_mm")
+    def _q8_dense_mm(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+        return x.new_empty(x.shape[0], packed.shape[0] * 16)
+
+    @torch.library.register_fake("switchyard_cpu::q4_dense_mm")
+    def _q4_dense_mm(x: torch.Tensor, packed: torch.Tensor, scale_zero: torch.Tensor,
+                     group_size: int) -> torch.Tensor:
+        return x.new_empty(x.shape[0], packed.shape[0] * 16)
+
+    @torch.library.register_fake("switchyard_cpu::kquant_dense_mm")
+    def _kquant_dense_mm(x: torch.Tensor, packed: torch.Tensor, type: int,
+                         in_features: int) -> torch.Tensor:
+        return x.new_empty(x.shape[0], packed.shape[0])
 
     @torch.library.register_fake("switchyard_cpu::kquant_mm")
     def _kquant_mm(x: torch.Tensor, blocks: torch.Tensor, type: int,

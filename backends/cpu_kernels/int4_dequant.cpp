@@ -15,6 +15,9 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
+
+#include "dense_slices.h"
 
 namespace {
 
@@ -81,19 +84,25 @@ void dequantize_all(const uint8_t* packed, const uint16_t* sz, int64_t lane_bloc
   });
 }
 
-at::Tensor q4_dequantize_kn(const at::Tensor& packed, const at::Tensor& scale_zero,
-                            int64_t group_size, at::ScalarType dtype) {
+void check_operands(const char* op, const at::Tensor& packed, const at::Tensor& scale_zero,
+                    int64_t group_size) {
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 4 && packed.size(2) == 16 &&
                   packed.size(3) == 4 && packed.is_contiguous(),
-              "q4_dequantize_kn: packed must be contiguous uint8 [N / 16, K / 8, 16, 4]");
+              op, ": packed must be contiguous uint8 [N / 16, K / 8, 16, 4]");
   const int64_t lane_blocks = packed.size(0), k = packed.size(1) * 8;
   TORCH_CHECK(group_size > 0 && group_size % 8 == 0 && k % group_size == 0,
-              "q4_dequantize_kn: bad group size");
+              op, ": bad group size");
   TORCH_CHECK(scale_zero.scalar_type() == at::kHalf && scale_zero.is_contiguous() &&
                   scale_zero.dim() == 4 && scale_zero.size(0) == lane_blocks &&
                   scale_zero.size(1) == k / group_size && scale_zero.size(2) == 2 &&
                   scale_zero.size(3) == kLanes,
-              "q4_dequantize_kn: scale_zero must be contiguous float16 [N / 16, K / group, 2, 16]");
+              op, ": scale_zero must be contiguous float16 [N / 16, K / group, 2, 16]");
+}
+
+at::Tensor q4_dequantize_kn(const at::Tensor& packed, const at::Tensor& scale_zero,
+                            int64_t group_size, at::ScalarType dtype) {
+  check_operands("q4_dequantize_kn", packed, scale_zero, group_size);
+  const int64_t lane_blocks = packed.size(0), k = packed.size(1) * 8;
   TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16,
               "q4_dequantize_kn: dtype must be float32 or bfloat16");
   at::Tensor out = at::empty({k, lane_blocks * kLanes}, packed.options().dtype(dtype));
@@ -107,11 +116,38 @@ at::Tensor q4_dequantize_kn(const at::Tensor& packed, const at::Tensor& scale_ze
   return out;
 }
 
+// Prefill's product (dense_slices.h): x [M, K] times the weight, [M, N] in x's dtype.
+at::Tensor q4_dense_mm(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale_zero,
+                       int64_t group_size) {
+  check_operands("q4_dense_mm", packed, scale_zero, group_size);
+  const int64_t k = packed.size(1) * 8;
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.size(1) == k &&
+                  (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
+              "q4_dense_mm: x must be a contiguous float32 or bfloat16 [M, ", k, "] matrix");
+  const uint8_t* p = packed.const_data_ptr<uint8_t>();
+  const uint16_t* sz = reinterpret_cast<const uint16_t*>(scale_zero.const_data_ptr<at::Half>());
+  const int64_t packed_stride = k / 8 * 64, sz_stride = k / group_size * 2 * kLanes;
+  return switchyard_slices::dense_mm<switchyard_slices::Layout::kKN>(
+      x, packed.size(0) * kLanes, kLanes, [&](int64_t first, int64_t count, auto* w) {
+        const uint8_t* lanes = p + first / kLanes * packed_stride;
+        const uint16_t* lane_sz = sz + first / kLanes * sz_stride;
+        if constexpr (std::is_same_v<std::remove_pointer_t<decltype(w)>, float>)
+          dequantize_all(lanes, lane_sz, count / kLanes, k, group_size, w);
+        else
+          dequantize_all(lanes, lane_sz, count / kLanes, k, group_size,
+                         reinterpret_cast<uint16_t*>(w));
+      });
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(switchyard_cpu, m) {
   m.def("q4_dequantize_kn(Tensor packed, Tensor scale_zero, int group_size, ScalarType dtype) "
         "-> Tensor");
+  m.def("q4_dense_mm(Tensor x, Tensor packed, Tensor scale_zero, int group_size) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(switchyard_cpu, CPU, m) { m.impl("q4_dequantize_kn", &q4_dequantize_kn); }
+TORCH_LIBRARY_IMPL(switchyard_cpu, CPU, m) {
+  m.impl("q4_dequantize_kn", &q4_dequantize_kn);
+  m.impl("q4_dense_mm", &q4_dense_mm);
+}

@@ -24,6 +24,7 @@
 //   kquant_dequantize(blocks, type, K, dtype) -> [N, K]: the same values (w = scale q + offset)
 //   kquant_pack(blocks, type, K) -> uint8 [N, packed row bytes] (this build variant's layout)
 //   kquant_packed_mm(x, packed, type, K) -> [M, N];  kquant_packed_dequantize(packed, ...)
+//   kquant_dense_mm(x, packed, type, K) -> [M, N]: prefill's, dequantized a slice at a time
 //
 // `type` is ggml's id: Q5_0 = 6, Q5_1 = 7, Q4_K = 12, Q5_K = 13, Q6_K = 14.
 
@@ -34,6 +35,7 @@
 #include <immintrin.h>
 #include <torch/library.h>
 
+#include "dense_slices.h"
 #include "kernel_entry_points.h"
 #include "simd.h"
 #include "work_shares.h"
@@ -782,6 +784,7 @@ void decode_tail(const uint8_t* blocks, int64_t type, int64_t cols, Tail* tail, 
 #ifndef KQ_WTILE
 #define KQ_WTILE 1
 #endif
+constexpr int64_t kPrefetchAhead = 4096;  // bytes (as int8_dot.cpp's one-row paths)
 constexpr int kPackedTile = KQ_TILE;   // input rows per pass over a weight row
 constexpr int kWeightTile = KQ_WTILE;  // weight rows per pass, sharing each input vector loaded
 
@@ -824,6 +827,12 @@ inline void packed_rows_dot(const uint8_t* const w[W], int64_t full, const Tail*
   for (int64_t s = 0; s < full; ++s) {
     VecI c[W][4];
     VecF scale[W], offset[W];
+    if constexpr (Rows == 1) {  // a row alone streams the weights: ask for them ahead, into L2
+      for (int i = 0; i < W; ++i)
+        for (int64_t line = 0; line < segment_bytes(Type); line += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(w[i] + s * segment_bytes(Type) +
+                                                     kPrefetchAhead + line), _MM_HINT_T1);
+    }
     for (int i = 0; i < W; ++i) {
       const uint8_t* p = w[i] + s * segment_bytes(Type);
       segment_codes<Type>(p, c[i]);
@@ -1007,6 +1016,19 @@ at::Tensor kquant_packed_dequantize(const at::Tensor& packed, int64_t type, int6
   return out;
 }
 
+// Prefill's product (dense_slices.h): x [M, K] times the packed weight, [M, N] in x's dtype.
+at::Tensor kquant_dense_mm(const at::Tensor& x, const at::Tensor& packed, int64_t type, int64_t k) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.size(1) == k &&
+                  (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
+              "kquant_dense_mm: x must be a contiguous float32 or bfloat16 [M, ", k, "] matrix");
+  const int64_t row_bytes = check_packed("kquant_dense_mm", packed, type, k);
+  const uint8_t* p = packed.const_data_ptr<uint8_t>();
+  return switchyard_slices::dense_mm<switchyard_slices::Layout::kNK>(
+      x, packed.size(0), 1, [&](int64_t first, int64_t count, auto* w) {
+        packed_dequantize_rows(p + first * row_bytes, row_bytes, type, k, count, w);
+      });
+}
+
 }  // namespace
 
 at::Tensor switchyard::kquant_matmul(const at::Tensor& x, const at::Tensor& blocks, int64_t type,
@@ -1020,6 +1042,7 @@ TORCH_LIBRARY_FRAGMENT(switchyard_cpu, m) {
   m.def("kquant_pack(Tensor blocks, int type, int in_features) -> Tensor");
   m.def("kquant_packed_mm(Tensor x, Tensor packed, int type, int in_features) -> Tensor");
   m.def("kquant_packed_dequantize(Tensor packed, int type, int in_features, ScalarType dtype) -> Tensor");
+  m.def("kquant_dense_mm(Tensor x, Tensor packed, int type, int in_features) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(switchyard_cpu, CPU, m) {
@@ -1028,4 +1051,5 @@ TORCH_LIBRARY_IMPL(switchyard_cpu, CPU, m) {
   m.impl("kquant_pack", &kquant_pack);
   m.impl("kquant_packed_mm", &kquant_packed_mm);
   m.impl("kquant_packed_dequantize", &kquant_packed_dequantize);
+  m.impl("kquant_dense_mm", &kquant_dense_mm);
 }

@@ -1,9 +1,10 @@
-"""GGUF tensors kept quantized: Q4_0 / Q4_1 / Q4_K as int4 (group 32), Q8_0 as 8-bit for our
-AVX2 kernel (`q8_linear.py`) or else as two int4 halves, Q5_0 / Q5_1 / Q5_K / Q6_K as the file's
-own blocks for our k-quant kernel (`kquant_linear.py`). Any other type (Q2_K, Q3_K, IQ*) and
-any Linear where no kernel runs is dequantized by the gguf package at load, and so recorded:
-each built module carries a `GGUFSource` (its tensors, their types, kept or why not), which
-`gguf_formats(model)` gathers for /info. Float weights (F32 / F16 / BF16) stay dense.
+"""GGUF tensors kept quantized: Q4_0 / Q4_1 / Q4_K as int4 (group 32), Q8_0 as 8-bit for our kernel
+(`q8_linear.py`) or, where our kernels do not run, as two int4 halves, Q5_0 / Q5_1 / Q5_K / Q6_K
+as the file's own blocks for our k-quant kernel (`kquant_linear.py`). Any other type (Q2_K,
+Q3_K, IQ*) and any Linear where no kernel runs is dequantized by the gguf package at load, and
+so recorded: each built module carries a `GGUFSource` (its tensors, their types, kept or why
+not), which `gguf_formats(model)` gathers for /info. Float weights (F32 / F16 / BF16) stay
+dense.
 
 Q4_K stays int4 rather than on the k-quant kernel: its decode products measured slower there
 (bench/quantized.py's kquant rows); the int4 layout takes 5 bits a weight against the file's

@@ -91,12 +91,15 @@ class Int4Linear(nn.Module):
         return out.view(*shape[:-1], self.out_features)
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kernel == "cpu-int8-dot" and x.shape[0] < INT8_DOT_DENSE_MIN_ROWS:
-            if self.repeats > 1:
+        if self.kernel == "cpu-int8-dot":
+            if self.repeats > 1:  # the weight's halves each see the whole input
                 x = x.repeat(1, self.repeats)
-            return torch.ops.switchyard_cpu.q4_mm(
-                x.contiguous(), self.packed, self.scale_zeros, self.group_size, INT8_DOT_FINE)
-        if self.kernel in ("dequantize", "cpu-int8-dot") or (
+            if x.shape[0] < INT8_DOT_DENSE_MIN_ROWS:
+                return torch.ops.switchyard_cpu.q4_mm(
+                    x.contiguous(), self.packed, self.scale_zeros, self.group_size, INT8_DOT_FINE)
+            return torch.ops.switchyard_cpu.q4_dense_mm(x.contiguous(), self.packed,
+                                                        self.scale_zeros, self.group_size)
+        if self.kernel == "dequantize" or (
             self.kernel == "cpu-int4pack" and self.dense_ok and x.shape[0] >= DENSE_MIN_ROWS
         ):
             return x @ self.dequantize_kn().to(x.dtype)

@@ -71,7 +71,8 @@ class KQuantLinear(nn.Module):
             out = torch.ops.switchyard_cpu.kquant_packed_mm(x.contiguous(), self.packed,
                                                             self.qtype, self.in_features)
         else:
-            out = x @ self.dense().to(x.dtype).t()
+            out = torch.ops.switchyard_cpu.kquant_dense_mm(x.contiguous(), self.packed,
+                                                           self.qtype, self.in_features)
         if self.bias is not None:
             out = out + self.bias
         return out.view(*shape[:-1], self.out_features)

@@ -1,12 +1,13 @@
 """Q8Linear: 8-bit weights with one scale per 32 input columns (GGUF Q8_0: w = q * scale) for
-our AVX2 kernel (`cpu_kernels/q8_dot.cpp`: inputs as int16 per 32 columns, one `vpmaddwd` per
-16 weights, a single pass).
+our kernel (`cpu_kernels/q8_dot.cpp`): inputs as int16 per 32 columns, products summed exactly
+in int32 per block (AVX2 `vpmaddwd`, AVX-512 VNNI `vpdpwssd`), a single pass over 1.06 bytes a
+weight; from DENSE_MIN_ROWS rows (prefill) the weight dequantized in C++ a cache-sized slice at
+a time, each slice multiplied by torch's matmul.
 
-Taken where our kernels run their AVX2 code. Elsewhere Q8_0 stays two int4 halves in an
-Int4Linear (`AffineInt8.as_int4_halves`): on AVX-512 `q4_mm`'s VNNI path runs those, and this
-kernel is unmeasured there. On the AVX2 EPYC the default model's Q8_0 lm_head (49152 x 576)
-took 1.43 ms from memory against 1.95 ms as halves at one row, 5.7 vs 11.8 ms at 16, and came
-closer to the float64 product (max error 4.3e-3 vs 5.4e-3 with an outlier column).
+It replaced two int4 halves in an Int4Linear (`AffineInt8.as_int4_halves`: 1.25 bytes a weight,
+four int8 passes with the fine inputs). On the AVX2 EPYC the default model's Q8_0 lm_head
+(49152 x 576) took 1.43 ms from memory against 1.95 ms as halves at one row, 5.7 vs 11.8 ms at
+16, and came closer to the float64 product (max error 4.3e-3 vs 5.4e-3 with an outlier column).
 """
 
 from __future__ import annotations
@@ -19,15 +20,16 @@ from backends.cpu_kernels.build import active_variant
 LANES = 16  # output rows of a packed block
 BLOCK = 32  # input columns of one weight scale (and one input scale)
 STEP = 4  # input columns of a lane in one packed line
-# From here on widening the weight and multiplying beats the kernel (as Int4Linear's
-# INT8_DOT_DENSE_MIN_ROWS): the lm_head rarely sees this many rows.
-DENSE_MIN_ROWS = 128
+# From here on dequantizing (in cache-sized slices) + matmul beats the kernel. bf16: 48-64 rows
+# on the AMX Xeon (2 threads, a ~1.5B model's shapes). float32's matmul is slower: at 128 rows
+# the default model's lm_head took 27 ms on the kernel, 36 dense.
+DENSE_MIN_ROWS = {torch.bfloat16: 64, torch.float32: 256}
 
 
 def available(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether our kernel runs on `device` with `dtype` activations."""
     return device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and \
-        active_variant() == "avx2"
+        active_variant() is not None
 
 
 def runs_here(out_features: int, in_features: int, device: torch.device,
@@ -65,10 +67,10 @@ class Q8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x = x.reshape(-1, shape[-1])
-        if x.shape[0] < DENSE_MIN_ROWS:
+        if x.shape[0] < DENSE_MIN_ROWS[x.dtype]:
             out = torch.ops.switchyard_cpu.q8_mm(x.contiguous(), self.packed, self.scales)
         else:
-            out = x @ self.dense().t()
+            out = torch.ops.switchyard_cpu.q8_dense_mm(x.contiguous(), self.packed, self.scales)
         if self.bias is not None:
             out = out + self.bias
         return out.view(*shape[:-1], self.out_features)
@@ -84,9 +86,7 @@ class Q8Linear(nn.Module):
 
     def dense(self) -> torch.Tensor:
         """The weight as [N, K] in the engine's dtype."""
-        q = self.packed.permute(0, 2, 1, 3).reshape(self.out_features, -1, BLOCK)
-        scale = self.scales.permute(0, 2, 1).reshape(self.out_features, -1, 1)
-        return (q.to(self.dtype) * scale.to(self.dtype)).view(self.out_features, -1)
+        return torch.ops.switchyard_cpu.q8_dequantize(self.packed, self.scales, self.dtype)
 
     def extra_repr(self) -> str:
         return (f"in={self.in_features}, out={self.out_features}, group={BLOCK}, "
@@ -94,5 +94,6 @@ class Q8Linear(nn.Module):
 
 
 def q8_kernel_name() -> str:
-    return f"q8-dot (AVX2: int16 inputs per {BLOCK} columns; widen + matmul from " \
-           f"{DENSE_MIN_ROWS} rows)"
+    return f"q8-dot (int16 inputs per {BLOCK} columns; dequantize + matmul from " \
+           f"{DENSE_MIN_ROWS[torch.bfloat16]} rows in bf16, {DENSE_MIN_ROWS[torch.float32]} " \
+           "in float32)"

@@ -36,7 +36,8 @@ NAMESPACE = "switchyard_avx512_stand_ins"
 # Namespaces renamed, so that the stand-in build and the real one load side by side.
 STAND_IN_FLAGS = ("-DSWITCHYARD_VNNI", "-include", str(HEADER), f"-Dswitchyard_cpu={NAMESPACE}",
                   "-Dswitchyard=switchyard_stand_ins",
-                  "-Dswitchyard_simd=switchyard_simd_stand_ins")
+                  "-Dswitchyard_simd=switchyard_simd_stand_ins",
+                  "-Dswitchyard_slices=switchyard_slices_stand_ins")
 CHECKS = ("attention", "q4", "bf16", "decode_layers")
 # The sources with 16-lane code, and int4_dequant.cpp for the int8-dot check's dequantization.
 STAND_IN_SOURCES = ("int8_dot", "int4_dequant", "paged_attention", "prefill_attention",

@@ -73,7 +73,7 @@ def test_int4_kernel_matches_dequantized_matmul(qtype: GGMLQuantizationType) -> 
 
 
 def test_q8_0_kept_8_bit_matches_gguf_dequantization() -> None:
-    """Q8_0 blocks as int8 + scales (our AVX2 kernel's form) are gguf's values exactly, and
+    """Q8_0 blocks as int8 + scales (our Q8_0 kernel's form) are gguf's values exactly, and
     the kernel's products are within its int16-input error of them."""
     values = np.random.default_rng(3).normal(0, 0.1, (64, 256)).astype(np.float32)
     raw = _raw(values, T.Q8_0)
@@ -81,7 +81,7 @@ def test_q8_0_kept_8_bit_matches_gguf_dequantization() -> None:
     want = raw.dense()
     assert torch.equal((q.float().view(64, -1, 32) * scale.unsqueeze(-1)).view(64, 256), want)
     if not q8_linear.available(torch.device("cpu"), torch.float32):
-        pytest.skip("the Q8_0 kernel runs where our kernels run their AVX2 code")
+        pytest.skip("the Q8_0 kernel runs where our kernels run (AVX2 or AVX-512 VNNI)")
     module = Q8Linear(q, scale, None, torch.device("cpu"), torch.float32)
     x = torch.randn(5, 256, generator=torch.Generator().manual_seed(5))
     reference = x.double() @ want.double().t()
@@ -143,7 +143,7 @@ def test_kept_quantized_matches_gguf_dequantization(tiny_gguf) -> None:
     else:
         assert isinstance(attn.qkv_proj, Int4Linear)
     # the tied Q8_0 token_embd: one packed copy serves the lm_head and the lookups, 8-bit
-    # where our AVX2 kernel runs, else two int4 halves
+    # where our kernels run, else two int4 halves
     q8 = q8_linear.available(torch.device("cpu"), torch.float32)
     assert isinstance(kept.loaded.model.lm_head, Q8Linear if q8 else Int4Linear)
     assert isinstance(kept.loaded.model.model.embed_tokens, PackedEmbedding)
@@ -190,8 +190,8 @@ def test_default_model_kept_packed_with_avx2_packing(
 def _check_default_model(got: dict, dense: dict, path: str, dtype: str) -> None:
     assert got["quantization"] == "gguf (kept quantized)"
     assert got["packed"], "the tied embedding is not read from the packed lm_head"
-    # 8-bit where our kernels run AVX2 code (so in the avx2 child on any CPU), else halves
-    assert got["lm_head"] == ("Q8Linear" if got["kernels"] == "avx2" else "Int4Linear")
+    # 8-bit where our kernels run (AVX2 or AVX-512 VNNI), else two int4 halves
+    assert got["lm_head"] == ("Q8Linear" if got["kernels"] is not None else "Int4Linear")
     assert got["tokens"] == dense["tokens"]
     diff = (got["logits"] - dense["logits"]).abs().max().item()
     assert diff <= DEFAULT_TOLERANCE[dtype], f"{dtype}: max logit difference {diff:.3f}"

@@ -1,6 +1,6 @@
 """The Q8_0 kernel (backends/cpu_kernels/q8_dot.cpp) and Q8Linear on top of it: products
-against float64, rows read back exactly, clear errors, and the AVX2 code in a process where
-torch dispatches to AVX2 (the only place it is taken)."""
+against float64 over every row tiling, the dense dequantization exact, rows read back
+exactly, clear errors, and the AVX2 code in a process where torch dispatches to AVX2."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def check_products() -> str:
         q, scale = _weights(n, k, seed)
         packed, scales = q8_linear.pack(q), q8_linear.pack_scales(scale)
         weight = _dense(q, scale)
-        for rows in (1, 3, 19):
+        for rows in (1, 3, 13, 19):
             x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
             x[:, k // 3] = 40.0
             for dtype, tol in TOLERANCE.items():
@@ -48,12 +48,15 @@ def check_products() -> str:
                 assert diff <= tol * want.abs().max().item(), (n, k, rows, dtype, diff)
             alone = torch.ops.switchyard_cpu.q8_mm(x[rows - 1:].contiguous(), packed, scales)
             assert torch.equal(alone[0], torch.ops.switchyard_cpu.q8_mm(x, packed, scales)[-1])
+        for dtype in (torch.float32, torch.bfloat16):
+            dense = torch.ops.switchyard_cpu.q8_dequantize(packed, scales, dtype)
+            assert torch.equal(dense, weight.to(dtype)), (n, k, dtype)
     return active_variant() or ""
 
 
 def needs_kernel() -> None:
     if not q8_linear.available(torch.device("cpu"), torch.float32):
-        pytest.skip("the Q8_0 kernel runs where our kernels run their AVX2 code")
+        pytest.skip("the Q8_0 kernel runs where our kernels run (AVX2 or AVX-512 VNNI)")
 
 
 def test_products_match_float64() -> None:
@@ -75,7 +78,7 @@ def test_q8_linear_kernel_dense_path_and_rows() -> None:
     bias = torch.randn(96)
     module = Q8Linear(q, scale, bias, torch.device("cpu"), torch.float32, shards=[32, 64])
     weight = _dense(q, scale)
-    for rows in (2, DENSE_MIN_ROWS + 4):
+    for rows in (2, DENSE_MIN_ROWS[torch.float32] + 4):
         x = torch.randn(rows, 128, generator=torch.Generator().manual_seed(rows))
         want = x.double() @ weight.t() + bias.double()
         diff = (module(x).double() - want).abs().max().item()
@@ -84,6 +87,23 @@ def test_q8_linear_kernel_dense_path_and_rows() -> None:
     assert torch.equal(module.rows(index), weight[index].float())
     assert torch.equal(module.dense(), weight.float())
     assert module.shards == [32, 64]
+
+
+def test_many_rows_dequantize_a_slice_at_a_time() -> None:
+    """q8_dense_mm (prefill's path) over a weight of several slices (16 MB of float32 each:
+    32 lane blocks at 8192 columns, 65 here) against float64, in both dtypes."""
+    needs_kernel()
+    q, scale = _weights(1040, 8192, 7)
+    packed, scales = q8_linear.pack(q), q8_linear.pack_scales(scale)
+    weight = _dense(q, scale)
+    x = torch.randn(DENSE_MIN_ROWS[torch.float32] + 6, 8192,
+                    generator=torch.Generator().manual_seed(3))
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 1.5e-2)):
+        got = torch.ops.switchyard_cpu.q8_dense_mm(x.to(dtype), packed, scales)
+        want = x.to(dtype).double() @ weight.t()
+        assert got.dtype == dtype and got.shape == (len(x), 1040)
+        diff = (got.double() - want).abs().max().item()
+        assert diff <= tol * want.abs().max().item(), (dtype, diff)
 
 
 def test_a_malformed_call_raises_a_clear_error() -> None:
@@ -98,6 +118,8 @@ def test_a_malformed_call_raises_a_clear_error() -> None:
         torch.ops.switchyard_cpu.q8_mm(torch.randn(2, 64), packed, scales.float())
     with pytest.raises(RuntimeError, match="packed must be"):
         torch.ops.switchyard_cpu.q8_mm(torch.randn(2, 64), packed.view(torch.uint8), scales)
+    with pytest.raises(RuntimeError, match="q8_dense_mm: x has 32 columns, the weight 64"):
+        torch.ops.switchyard_cpu.q8_dense_mm(torch.randn(70, 32), packed, scales)
 
 
 if __name__ == "__main__":
