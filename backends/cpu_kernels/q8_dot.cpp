@@ -1,15 +1,17 @@
 // 8-bit weights (GGUF Q8_0: w = q * scale, q in -128..127, one scale per 32 input columns)
-// times int16-quantized activations, with AVX2's `vpmaddwd`: each 32-column block of an input
-// row becomes int16 with its own scale (x ~ q16 * d, |q16| <= 32767: as fine as q4_mm's two
-// int8 passes), and a block's dot products are exact int32 sums of 16-bit products, one
-// multiply-add instruction per 16 weights with no second pass.
+// times int16-quantized activations, with AVX2's `vpmaddwd` or AVX-512 VNNI's `vpdpwssd`: each
+// 32-column block of an input row becomes int16 with its own scale (x ~ q16 * d, |q16| <= 32767:
+// as fine as q4_mm's two int8 passes), and a block's dot products are exact int32 sums of 16-bit
+// products, one multiply-add instruction per 16 (AVX2) or 32 (VNNI) weights, no second pass.
 //
 // Packed per block of 16 output rows ("lanes") and 4 input columns: 64 bytes, lane l's 4 bytes
 // columns k..k+3:   packed [N / 16, K / 4, 16, 4] int8,   scales [N / 16, K / 32, 16] float16.
-// (backends/quantized/q8_linear.py packs them.) Rows loop inside a lane block, so its weights
-// come from memory once and from L1 for the rows after the first.
+// (backends/quantized/q8_linear.py packs them.) Rows loop inside a lane block (VNNI: 8-row
+// tiles share each widened line), so its weights come from memory once.
 //
 //   q8_mm(x [M, K] float32 | bfloat16, packed, scales) -> [M, N] in x's dtype
+//   q8_dense_mm(x, packed, scales) -> [M, N]: prefill's, dequantized a slice at a time
+//   q8_dequantize(packed, scales, dtype) -> [N, K]
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
